@@ -1,0 +1,61 @@
+"""The catalog: variants, models, GPUs, KV dtypes and pin compatibility, read from data files."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import yaml
+
+from rigfleet.paths import CATALOG_DIR
+from rigfleet.schema import Variant
+
+
+def _load(name: str) -> Any:
+    with open(CATALOG_DIR / name, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Variant keys win over `common`; maps (env, sampling) merge one level deep."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+@cache
+def variants() -> dict[str, Variant]:
+    data = _load("variants.yaml")
+    common = data["common"]
+    return {
+        name: Variant(name=name, **_merge(common, body)) for name, body in data["variants"].items()
+    }
+
+
+@cache
+def models() -> dict[str, Any]:
+    return dict(_load("models.yaml"))
+
+
+@cache
+def gpus() -> dict[str, Any]:
+    return dict(_load("gpus.yaml"))
+
+
+@cache
+def kv_dtypes() -> dict[str, Any]:
+    return dict(_load("kv_dtypes.yaml"))
+
+
+@cache
+def compat() -> dict[str, Any]:
+    return dict(_load("compat.yaml"))
+
+
+@cache
+def repos() -> dict[str, Any]:
+    return dict(_load("repos.yaml"))

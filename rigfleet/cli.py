@@ -1,0 +1,149 @@
+"""The `rigfleet` command: check, render, plan (and more layers register their commands here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rigfleet import catalog, guard, planner
+from rigfleet.errors import InputError, Problem
+from rigfleet.loader import Fleet, load_fleet
+from rigfleet.paths import inventory_dir
+from rigfleet.render import Release, image_tag
+
+F = TypeVar("F", bound=Callable[..., Any])
+USER_ERROR = 2
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def user_errors(func: F) -> F:
+    """Bad input: one line per problem, exit 2, no traceback."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except InputError as exc:
+            for problem in exc.problems:
+                err.print(problem.render(), markup=False)
+            sys.exit(USER_ERROR)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _warn(problems: list[Problem]) -> None:
+    for problem in problems:
+        if problem.warning:
+            err.print(problem.render(), style="yellow", markup=False)
+
+
+def load_checked() -> tuple[Fleet, list[Problem]]:
+    fleet = load_fleet(inventory_dir())
+    return fleet, guard.enforce(fleet)
+
+
+def release_for(fleet: Fleet, rig_name: str) -> Release:
+    rig = fleet.rig(rig_name)
+    return Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+
+
+@click.group()
+@click.version_option(package_name="rigfleet")
+def main() -> None:
+    """Provision dual-RTX-3090 vLLM rigs and keep a fleet on one known-good pin.
+
+    The inventory is RIGFLEET_INVENTORY (default: inventory/sandbox).
+    """
+
+
+@main.command()
+@user_errors
+def check() -> None:
+    """Validate the inventory and run the compatibility guard; contacts no host."""
+    fleet, warnings = load_checked()
+    _warn(warnings)
+    click.echo(f"ok: {len(fleet.rigs)} rigs, {len(fleet.pinsets)} pin sets in {fleet.inventory_dir}")
+
+
+@main.command()
+@click.argument("rig")
+@click.option("-o", "--output", "output", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="directory to write the rig's files into")
+@user_errors
+def render(rig: str, output: Path) -> None:
+    """Write every file RIG would receive (secrets only as references)."""
+    fleet, warnings = load_checked()
+    _warn(warnings)
+    release = release_for(fleet, rig)
+    files = release.files(secrets=None, release_id=release.release_id())
+    from rigfleet.render import host_files
+
+    files |= {f"host/{name}": text for name, text in host_files(release.rig).items()}
+    for name, text in files.items():
+        target = output / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        if name.endswith(".env"):
+            target.chmod(0o600)
+    click.echo(f"wrote {len(files)} files for {rig} to {output}")
+
+
+def plan_rows(fleet: Fleet, warnings: list[Problem]) -> list[dict[str, Any]]:
+    rows = []
+    for rig in fleet.rigs:
+        variant = catalog.variants()[rig.variant]
+        capacity = planner.predict(rig, variant)
+        rows.append({
+            "rig": rig.name,
+            "variant": rig.variant,
+            "pinset": rig.pinset,
+            "image_tag": image_tag(fleet.pinsets[rig.pinset]),
+            "port": rig.port or variant.port,
+            "kv_pool_tokens": capacity.kv_pool_tokens,
+            "max_full_context_streams": capacity.max_full_context_streams,
+            "concurrency": capacity.concurrency,
+            "warnings": [p.render() for p in warnings if p.rig in (rig.name, f"pinset {rig.pinset}")],
+        })
+    return rows
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table")
+@user_errors
+def plan(as_json: bool) -> None:
+    """What every rig would run and the KV pool it would get (predicted); contacts no host."""
+    fleet, warnings = load_checked()
+    rows = plan_rows(fleet, warnings)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    _warn(warnings)
+    table = Table(title=f"rigfleet plan: {fleet.inventory_dir}")
+    for column in ("rig", "variant", "pinset", "port", "KV pool", "262K streams", "image"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["rig"], row["variant"], row["pinset"], str(row["port"]),
+                      f"{row['kv_pool_tokens'] / 1e6:.2f}M", f"{row['max_full_context_streams']} "
+                      f"({row['concurrency']}x)", row["image_tag"])
+    Console().print(table)
+
+
+def _register_optional() -> None:
+    """Commands of later layers; the sandbox group is simulated rigs for rehearsal and tests."""
+    try:
+        from rigfleet.sandbox.cli import sandbox
+    except ImportError:  # pragma: no cover - the sandbox package is part of the source tree
+        return
+    main.add_command(sandbox)
+
+
+_register_optional()

@@ -1,0 +1,54 @@
+"""User-facing problems: every one names the rig, the field, the value and the fix."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# A problem not tied to one rig (a pin set, a file) is reported under this name.
+FLEET = "fleet"
+
+
+@dataclass(frozen=True)
+class Problem:
+    rig: str
+    field: str
+    value: Any
+    message: str
+    fix: str
+    source: str | None = None  # the file the value came from, when known
+    warning: bool = False
+
+    def render(self) -> str:
+        where = f" (in {self.source})" if self.source else ""
+        value = _short(self.value)
+        kind = "warning" if self.warning else "error"
+        return f"{kind}: {self.rig}: {self.field} = {value}: {self.message}{where}. Fix: {self.fix}"
+
+
+class InputError(Exception):
+    """Bad input: the CLI prints the problems and exits 2 without contacting any host."""
+
+    def __init__(self, problems: Iterable[Problem]):
+        self.problems = [p for p in problems if not p.warning]
+        super().__init__("\n".join(p.render() for p in self.problems))
+
+
+def closest(value: object, choices: Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.5)
+    return matches[0] if matches else None
+
+
+def one_of(value: object, choices: Iterable[str], what: str) -> str:
+    """The fix for a value outside a closed set: the closest match, then every valid one."""
+    options = sorted(choices)
+    guess = closest(value, options)
+    hint = f"did you mean '{guess}'? " if guess else ""
+    return f"{hint}valid {what}: {', '.join(options)}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

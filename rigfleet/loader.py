@@ -1,0 +1,288 @@
+"""Load an Ansible-style inventory directory into a validated Fleet.
+
+Layout: hosts.yml, group_vars/<group>.yml (or group_vars/<group>/*.yml), host_vars/<rig>.yml,
+pinsets.yml. Precedence as in Ansible: all < parent group < child group < host; within one
+level, vars inline in hosts.yml lose to the group_vars/host_vars files.
+
+pyinfra-ansible-inventory-connector was evaluated and not used: it drags in ansible-core (GPL,
+~40 MB), needs `@ansible/path` instead of `inventory.py`, knows nothing of pin sets, and its
+errors are Ansible's rather than naming the rig, the field and the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from rigfleet.errors import FLEET, InputError, Problem, closest
+from rigfleet.schema import PinSet, Rig
+
+# pyinfra global arguments (e.g. _sudo) pass through to pyinfra untouched.
+PYINFRA_PREFIX = "_"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A duplicate key in YAML is almost always a copy-paste mistake: refuse it."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    inventory_dir: Path
+    rigs: tuple[Rig, ...]
+    pinsets: dict[str, PinSet]
+    # where each rig's values came from: rig -> field -> file
+    sources: dict[str, dict[str, str]] = field(default_factory=dict)
+    # per-rig pyinfra data that is not part of the rig model (keys starting with "_")
+    pyinfra_data: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def rig(self, name: str) -> Rig:
+        for rig in self.rigs:
+            if rig.name == name:
+                return rig
+        guess = closest(name, [r.name for r in self.rigs])
+        hint = f"did you mean '{guess}'? " if guess else ""
+        raise InputError([Problem(name, "rig", name, "no such rig in the inventory",
+                                  f"{hint}rigs: {', '.join(r.name for r in self.rigs)}")])
+
+    def path(self, relative: str | None) -> Path | None:
+        """Resolve an inventory-relative path (ssh key, known_hosts)."""
+        if relative is None:
+            return None
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() else self.inventory_dir / path
+
+
+def read_yaml(path: Path, rig: str = FLEET) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError([Problem(rig, path.name, "<bytes>", "the file is not UTF-8 text",
+                                  "save it as UTF-8", str(path))]) from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError([Problem(rig, path.name, "<yaml>", f"not valid YAML ({problem})",
+                                  "fix the YAML syntax at that line", where)]) from None
+
+
+def _mapping(data: Any, path: Path, rig: str = FLEET, what: str = "this file") -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise InputError([Problem(rig, path.name, _kind(data), f"{what} must be a mapping of names to values",
+                                  "write `key: value` lines at the top level", str(path))])
+    return data
+
+
+def _kind(value: Any) -> str:
+    return f"<{type(value).__name__}>"
+
+
+@dataclass
+class _Tree:
+    """Groups and hosts from hosts.yml, with inline vars and each group's depth."""
+
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)
+    depth: dict[str, int] = field(default_factory=dict)
+    host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_groups: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _walk(name: str, body: Any, depth: int, tree: _Tree, path: Path, chain: tuple[str, ...]) -> None:
+    body = _mapping(body, path, what=f"group '{name}'")
+    unknown = set(body) - {"hosts", "children", "vars"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise InputError([Problem(FLEET, f"{name}.{key}", key, "unknown key in a group of hosts.yml",
+                                  "a group holds only hosts:, children: and vars:", str(path))])
+    tree.groups.setdefault(name, {}).update(_mapping(body.get("vars"), path, what=f"{name}.vars"))
+    tree.depth[name] = max(tree.depth.get(name, 0), depth)
+    for host, inline in _mapping(body.get("hosts"), path, what=f"{name}.hosts").items():
+        tree.host_vars.setdefault(host, {}).update(_mapping(inline, path, host, f"host '{host}'"))
+        for group in (*chain, name):
+            if group not in tree.host_groups.setdefault(host, []):
+                tree.host_groups[host].append(group)
+    for child, child_body in _mapping(body.get("children"), path, what=f"{name}.children").items():
+        if child in chain:
+            raise InputError([Problem(FLEET, f"{name}.children", child, "groups nest in a cycle",
+                                      "remove the cycle", str(path))])
+        _walk(child, child_body, depth + 1, tree, path, (*chain, name))
+
+
+def _vars_file(directory: Path, name: str) -> list[Path]:
+    """group_vars/NAME.yml, NAME.yaml, or every file in a NAME/ directory."""
+    found = [directory / f"{name}{ext}" for ext in (".yml", ".yaml", "") if (directory / f"{name}{ext}").is_file()]
+    if (directory / name).is_dir():
+        found += sorted(p for p in (directory / name).iterdir() if p.suffix in (".yml", ".yaml"))
+    return found
+
+
+def _layer(merged: dict[str, Any], sources: dict[str, str], values: dict[str, Any], origin: str) -> None:
+    for key, value in values.items():
+        merged[key] = value
+        sources[key] = origin
+
+
+def load_fleet(inventory_dir: Path) -> Fleet:
+    """Read, merge and validate; raise InputError listing every problem found."""
+    inventory_dir = Path(inventory_dir)
+    hosts_file = inventory_dir / "hosts.yml"
+    if not hosts_file.is_file():
+        raise InputError([Problem(FLEET, "inventory", str(inventory_dir), "no hosts.yml there",
+                                  "set RIGFLEET_INVENTORY to an inventory directory, or run "
+                                  "`rigfleet sandbox up` to create the default one")])
+    top = _mapping(read_yaml(hosts_file), hosts_file)
+    if set(top) != {"all"}:
+        raise InputError([Problem(FLEET, "hosts.yml", sorted(top), "the top level must be the single key `all`",
+                                  "nest groups under all: children:", str(hosts_file))])
+    tree = _Tree()
+    _walk("all", top["all"], 0, tree, hosts_file, ())
+    if not tree.host_groups:
+        raise InputError([Problem(FLEET, "hosts", None, "the inventory has no rigs",
+                                  "add rigs under all: children: <group>: hosts:", str(hosts_file))])
+
+    # group -> key -> (value, file it came from)
+    group_files: dict[str, dict[str, tuple[Any, str]]] = {}
+    for group in tree.groups:
+        values: dict[str, tuple[Any, str]] = {}
+        for path in _vars_file(inventory_dir / "group_vars", group):
+            values.update({k: (v, str(path)) for k, v in _mapping(read_yaml(path), path).items()})
+        group_files[group] = values
+    _refuse_stray_vars(inventory_dir, set(tree.groups), set(tree.host_groups))
+
+    pinsets, problems = _load_pinsets(inventory_dir)
+    rigs: list[Rig] = []
+    all_sources: dict[str, dict[str, str]] = {}
+    all_pyinfra: dict[str, dict[str, Any]] = {}
+    for host in sorted(tree.host_groups):
+        groups = sorted(tree.host_groups[host], key=lambda g: (tree.depth[g], g))
+        merged: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for group in groups:
+            _layer(merged, sources, tree.groups.get(group, {}), f"{hosts_file} (group {group})")
+            for key, (value, origin) in group_files.get(group, {}).items():
+                _layer(merged, sources, {key: value}, origin)
+        _layer(merged, sources, tree.host_vars.get(host, {}), f"{hosts_file} (host {host})")
+        for path in _vars_file(inventory_dir / "host_vars", host):
+            _layer(merged, sources, _mapping(read_yaml(path, host), path, host), str(path))
+        pyinfra = {k: merged.pop(k) for k in list(merged) if k.startswith(PYINFRA_PREFIX)}
+        rig, rig_problems = _validate_rig(host, groups, merged, sources)
+        problems += rig_problems
+        if rig is not None:
+            rigs.append(rig)
+        all_sources[host] = sources
+        all_pyinfra[host] = pyinfra
+    if problems:
+        raise InputError(problems)
+    return Fleet(inventory_dir, tuple(rigs), pinsets, all_sources, all_pyinfra)
+
+
+def _refuse_stray_vars(inventory_dir: Path, groups: set[str], hosts: set[str]) -> None:
+    """A host_vars/rig-3.yml for a rig named rig-03 would be silently ignored: say so."""
+    problems = []
+    for folder, names, what in (("group_vars", groups, "group"), ("host_vars", hosts, "rig")):
+        directory = inventory_dir / folder
+        if not directory.is_dir():
+            continue
+        for entry in sorted(directory.iterdir()):
+            name = entry.name.removesuffix(".yml").removesuffix(".yaml")
+            if entry.name.startswith(".") or name in names:
+                continue
+            guess = closest(name, names)
+            hint = f"rename it to {guess}.yml" if guess else f"add the {what} to hosts.yml or delete the file"
+            problems.append(Problem(name if what == "rig" else FLEET, folder, entry.name,
+                                    f"no {what} of that name in hosts.yml", hint, str(entry)))
+    if problems:
+        raise InputError(problems)
+
+
+def _validate_rig(host: str, groups: list[str], values: dict[str, Any],
+                  sources: dict[str, str]) -> tuple[Rig | None, list[Problem]]:
+    try:
+        return Rig(name=host, groups=tuple(g for g in groups if g != "all"), **values), []
+    except ValidationError as exc:
+        return None, [_problem(host, error, values, sources, Rig) for error in exc.errors()]
+    except TypeError as exc:  # a non-string key reached **values
+        return None, [Problem(host, "<key>", None, str(exc), "use plain string keys")]
+
+
+def _load_pinsets(inventory_dir: Path) -> tuple[dict[str, PinSet], list[Problem]]:
+    path = inventory_dir / "pinsets.yml"
+    if not path.is_file():
+        return {}, []
+    pinsets: dict[str, PinSet] = {}
+    problems: list[Problem] = []
+    for name, body in _mapping(read_yaml(path), path).items():
+        body = _mapping(body, path, f"pinset {name}", f"pin set '{name}'")
+        try:
+            pinsets[name] = PinSet(name=name, **body)
+        except ValidationError as exc:
+            sources = dict.fromkeys(body, str(path))
+            problems += [_problem(f"pinset {name}", e, body, sources, PinSet) for e in exc.errors()]
+    return pinsets, problems
+
+
+def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, str],
+             model: type) -> Problem:
+    """Turn one pydantic error into a Problem naming the field, the value and the fix."""
+    loc = [str(part) for part in error["loc"]]
+    field_name = ".".join(loc) if loc else "<model>"
+    top = loc[0] if loc else ""
+    value = error.get("input")
+    kind = error["type"]
+    source = sources.get(top)
+    if kind == "extra_forbidden":
+        known = [name for name in model.model_fields if name not in ("name", "groups")]
+        guess = closest(top, known) if len(loc) == 1 else None
+        hint = f"did you mean '{guess}'?" if guess else "remove it or check the spelling"
+        return Problem(owner, field_name, value, "unknown key", hint, source)
+    if kind == "missing":
+        return Problem(owner, field_name, None, "required but not set",
+                       f"set {field_name} in group_vars/all.yml or host_vars/{owner}.yml", source)
+    message = error["msg"].removeprefix("Value error, ")
+    if kind == "literal_error":
+        return Problem(owner, field_name, value, message, "use one of the listed values", source)
+    if top in ("hf_token", "api_key") and isinstance(value, str):
+        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
+                       f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
+    return Problem(owner, field_name, value, message, _fix_for(kind, error), source)
+
+
+def _fix_for(kind: str, error: Any) -> str:
+    ctx = error.get("ctx") or {}
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        bounds = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in ctx.items())
+        return f"use a number with {bounds}"
+    if kind.startswith("int_") or kind.startswith("float_"):
+        return "write a plain number (no quotes, no units)"
+    if kind.startswith("bool"):
+        return "write true or false"
+    if kind.startswith("string") or kind == "str_type":
+        return "write a quoted string"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return "write a mapping (key: value lines)"
+    if kind in ("tuple_type", "list_type"):
+        return "write a list"
+    return "correct the value"

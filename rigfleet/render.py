@@ -1,0 +1,229 @@
+"""Render the files a rig receives: compose file, image Dockerfile and entrypoint, host units.
+
+Templates resolve from the package's templates/ directory (never the CWD) with StrictUndefined,
+so a missing value is an error at render time, not an empty string on a rig.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+
+from rigfleet import catalog, planner
+from rigfleet.paths import TEMPLATES_DIR
+from rigfleet.schema import PinSet, Rig, Variant
+
+CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
+CONTAINER_PORT = 8000
+ENV_FILE = "rigfleet.env"
+IMAGE_REPOSITORY = "rigfleet/vllm"
+# Secrets travel only in the 0600 env file, under the names vLLM and the hub client read.
+SECRET_ENV = {"hf_token": "HUGGING_FACE_HUB_TOKEN", "api_key": "VLLM_API_KEY"}
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,  # noqa: S701 - YAML, shell and unit files, never HTML
+    )
+    env.filters["tojson_compact"] = lambda value: json.dumps(value, separators=(",", ":"), sort_keys=True)
+    env.filters["yaml_str"] = lambda value: json.dumps(str(value))  # a JSON string is a valid YAML scalar
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    return environment().get_template(template).render(**context)
+
+
+# --- the patched image ---------------------------------------------------------------------------
+
+
+def image_context(pinset: PinSet) -> dict[str, Any]:
+    base = pinset.base_image
+    return {
+        "pinset": pinset,
+        "base_ref": f"{base.ref}@{base.digest}" if base.digest else base.ref,
+        "python_deps": sorted(pinset.python_deps.items()),
+        "overlay_summary": ",".join(
+            f"{o.name}:{f.target}@{f.sha256 or 'unverified'}" for o in pinset.overlays for f in o.files
+        ),
+    }
+
+
+def image_files(pinset: PinSet) -> dict[str, str]:
+    ctx = image_context(pinset)
+    return {"Dockerfile": render("image/Dockerfile.j2", **ctx), "entrypoint.sh": render("image/entrypoint.sh.j2", **ctx)}
+
+
+def image_tag(pinset: PinSet) -> str:
+    """A content hash of every input of the image build: same inputs, same tag, on every rig."""
+    inputs = {
+        "files": image_files(pinset),
+        "base_image": pinset.base_image.model_dump(),
+        "vllm_version": pinset.vllm_version,
+        "genesis": pinset.genesis.model_dump() if pinset.genesis else None,
+        "overlays": [o.model_dump() for o in pinset.overlays],
+        "python_deps": pinset.python_deps,
+        "pip_index_url": pinset.pip_index_url,
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    version = re.sub(r"[^A-Za-z0-9_.-]", "_", pinset.vllm_version)[:80]
+    return f"{IMAGE_REPOSITORY}:{version}-{digest}"
+
+
+# --- the serving release -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    rig: Rig
+    pinset: PinSet
+    variant: Variant
+
+    @property
+    def port(self) -> int:
+        return self.rig.port or self.variant.port
+
+    @property
+    def image(self) -> str:
+        return image_tag(self.pinset)
+
+    def serve_args(self) -> list[str]:
+        v, rig = self.variant, self.rig
+        model = catalog.models()[v.model]["weights"][v.weights]["subdir"]
+        args = [
+            "--model", f"{CONTAINER_MODEL_ROOT}/{model}",
+            "--served-model-name", *v.served_model_names,
+            "--quantization", v.quantization,
+            "--dtype", v.dtype,
+            "--tensor-parallel-size", str(planner.tensor_parallel(rig, v)),
+            "--pipeline-parallel-size", str(planner.pipeline_parallel(rig, v)),
+            "--max-model-len", str(v.max_model_len),
+            "--max-num-seqs", str(v.max_num_seqs),
+            "--max-num-batched-tokens", str(v.max_num_batched_tokens),
+            "--gpu-memory-utilization", str(v.gpu_memory_utilization),
+            "--kv-cache-dtype", v.kv_cache_dtype,
+        ]
+        if v.mtp_tokens:
+            spec = {"method": "mtp", "num_speculative_tokens": v.mtp_tokens}
+            args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+        if v.trust_remote_code:
+            args.append("--trust-remote-code")
+        if v.chat_template:
+            args += ["--chat-template", chat_template_path(v)]
+        args += ["--reasoning-parser", v.reasoning_parser]
+        args += ["--default-chat-template-kwargs", json.dumps(v.default_chat_template_kwargs, separators=(",", ":"))]
+        if v.enable_auto_tool_choice:
+            args += ["--enable-auto-tool-choice", "--tool-call-parser", v.tool_call_parser]
+        if v.enable_prefix_caching:
+            args.append("--enable-prefix-caching")
+        if v.enable_chunked_prefill:
+            args.append("--enable-chunked-prefill")
+        args += ["--override-generation-config", json.dumps(v.sampling, separators=(",", ":"))]
+        if v.custom_all_reduce == "disabled" or not rig.nvlink:
+            args.append("--disable-custom-all-reduce")
+        args += ["--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+        return args
+
+    def environment(self) -> dict[str, str]:
+        """Non-secret container environment; secrets go to the env file only."""
+        v = self.variant
+        env = dict(v.env)
+        env["NVIDIA_VISIBLE_DEVICES"] = "all"
+        if v.genesis is not None:
+            env |= v.genesis.env(v.max_num_batched_tokens)
+        env |= self.rig.engine_env
+        if self.rig.sandbox_fault:
+            env["RIGFLEET_SANDBOX_FAULT"] = self.rig.sandbox_fault
+        env["RIGFLEET_NEEDS_GENESIS"] = "1" if v.needs_genesis else "0"
+        return dict(sorted(env.items()))
+
+    def flagset_hash(self) -> str:
+        genesis = {k: val for k, val in self.environment().items() if k.startswith("GENESIS_")}
+        return hashlib.sha256(json.dumps(genesis, sort_keys=True).encode()).hexdigest()[:16]
+
+    def release_id(self) -> str:
+        """Content id of the release: same inputs, same id (a no-op deploy changes nothing)."""
+        files = self.files(secrets=None)
+        digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+        return f"{self.variant.name}-{digest}"
+
+    def cache_key(self) -> str:
+        """Compile and Triton caches are only valid for one (vLLM, Genesis) pair."""
+        genesis = self.pinset.genesis.commit[:12] if self.pinset.genesis else "none"
+        version = re.sub(r"[^A-Za-z0-9_.-]", "_", self.pinset.vllm_version)
+        return f"{version}-{genesis}"
+
+    def compose(self, release_id: str) -> str:
+        v, rig = self.variant, self.rig
+        return render(
+            "compose.yaml.j2",
+            variant=v,
+            rig=rig,
+            pinset=self.pinset,
+            image=self.image,
+            release_id=release_id,
+            port=self.port,
+            container_port=CONTAINER_PORT,
+            args=self.serve_args(),
+            env=self.environment(),
+            env_file=ENV_FILE,
+            model_root=CONTAINER_MODEL_ROOT,
+            cache_dir=f"{rig.cache_dir}/compile/{self.cache_key()}",
+            chat_template_host=f"{rig.model_dir}/chat-templates/{v.chat_template}.jinja" if v.chat_template else None,
+            chat_template_container=chat_template_path(v) if v.chat_template else None,
+            flagset_hash=self.flagset_hash(),
+        )
+
+    def env_file(self, secrets: dict[str, str] | None) -> str:
+        """The 0600 env file: secret values at deploy time, only their references otherwise."""
+        lines = ["# rigfleet: secrets for the serving container (mode 0600). Do not commit."]
+        for field_name, env_name in SECRET_ENV.items():
+            ref = getattr(self.rig, field_name)
+            if ref is None:
+                continue
+            if secrets is not None and field_name in secrets:
+                lines.append(f"{env_name}={secrets[field_name]}")
+            else:
+                origin = f"env {ref.env}" if ref.env else f"file {ref.file}"
+                lines.append(f"# {env_name} is filled from {origin} at deploy time")
+        return "\n".join(lines) + "\n"
+
+    def files(self, secrets: dict[str, str] | None = None, release_id: str = "RELEASE_ID") -> dict[str, str]:
+        return {
+            "compose.yaml": self.compose(release_id),
+            ENV_FILE: self.env_file(secrets),
+            **image_files(self.pinset),
+        }
+
+
+def chat_template_path(variant: Variant) -> str:
+    return f"/etc/rigfleet/chat-templates/{variant.chat_template}.jinja"
+
+
+def host_files(rig: Rig) -> dict[str, str]:
+    """Host-layer files the roles install (power cap unit, udev rule, apt settings)."""
+    gpu = catalog.gpus()[rig.gpu_model]
+    return {
+        "systemd/rigfleet-gpu-tuning.service": render("systemd/rigfleet-gpu-tuning.service.j2", rig=rig, gpu=gpu,
+                                                      power_limit_w=clamped_power_limit(rig)),
+        "udev/71-nvidia-dev-char.rules": render("udev/71-nvidia-dev-char.rules.j2"),
+        "apt/99rigfleet-lock-timeout": render("apt/99rigfleet-lock-timeout.j2", rig=rig),
+        "apt/51rigfleet-unattended-blacklist": render("apt/51rigfleet-unattended-blacklist.j2"),
+    }
+
+
+def clamped_power_limit(rig: Rig) -> int | None:
+    if rig.power_limit_w is None:
+        return None
+    gpu = catalog.gpus()[rig.gpu_model]
+    return max(gpu["power_min_w"], min(gpu["power_max_w"], rig.power_limit_w))

@@ -1,0 +1,353 @@
+"""The validated model: rigs, pin sets and variants.
+
+Inventory YAML is turned into these models once (rigfleet.loader); roles, templates and the
+guard read only these models. Defaults for every rig live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import re
+from ipaddress import ip_address
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SHA40 = re.compile(r"^[0-9a-f]{40}$")
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+RIG_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+SandboxFault = Literal["boot-crash", "unhealthy", "slow-boot", "garbage-output"]
+
+
+class Strict(BaseModel):
+    """Unknown keys are mistakes (a typo would otherwise be ignored silently)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+
+def _url(value: str) -> str:
+    if not re.match(r"^(https?|file)://[^\s]+$", value) and not value.startswith("/"):
+        raise ValueError("must be an http(s):// or file:// URL or an absolute path")
+    return value
+
+
+class SecretRef(Strict):
+    """A secret given by reference only: read from the control machine at deploy time."""
+
+    env: str | None = Field(None, description="name of an environment variable holding the secret")
+    file: str | None = Field(None, description="path of a file holding the secret")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env: NAME or file: PATH")
+        if self.env is not None and not ENV_NAME.match(self.env):
+            raise ValueError(f"{self.env!r} is not an environment variable name")
+        return self
+
+
+class AptRepo(Strict):
+    """A package repository mirror: where it is and which key must have signed it."""
+
+    url: str
+    key_url: str
+    key_fingerprint: str
+
+    _check_urls = field_validator("url", "key_url")(_url)
+
+    @field_validator("key_fingerprint", mode="before")
+    @classmethod
+    def _fingerprint(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.replace(" ", "").upper()
+            if not FINGERPRINT.match(value):
+                raise ValueError("must be the key's 40-hex-digit fingerprint")
+        return value
+
+
+class WeightsSource(Strict):
+    """Where weights come from: the hub (default) or a fleet mirror over HTTP."""
+
+    url: str | None = None
+    _check_url = field_validator("url")(lambda v: v if v is None else _url(v))
+
+
+class Rig(Strict):
+    """One serving rig, after all < group < host precedence has been applied."""
+
+    name: str
+    groups: tuple[str, ...] = ()
+    # how to reach it
+    ssh_hostname: str
+    ssh_port: int = Field(22, ge=1, le=65535)
+    ssh_user: str | None = None
+    ssh_key: str | None = None
+    ssh_known_hosts_file: str | None = None
+    # what it serves
+    pinset: str
+    variant: str
+    port: int | None = Field(None, ge=1024, le=65535)
+    bind_address: str = "0.0.0.0"
+    model_dir: str
+    cache_dir: str = "/var/cache/rigfleet"
+    api_key: SecretRef | None = None
+    hf_token: SecretRef | None = None
+    weights_source: WeightsSource = WeightsSource()
+    engine_env: dict[str, str] = {}
+    # the hardware it has
+    gpu_model: str = "rtx-3090"
+    gpu_count: int = Field(2, ge=1, le=8)
+    nvlink: bool = False
+    power_limit_w: int | None = None
+    tensor_parallel_size: int | None = Field(None, ge=1, le=8)
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=8)
+    # host layer choices
+    docker_source: Literal["docker-ce", "distro"] = "docker-ce"
+    docker_data_root: str | None = None
+    driver_module: Literal["open", "proprietary"] = "open"
+    driver_install: Literal["prebuilt", "dkms"] = "prebuilt"
+    secure_boot_key_enrolled: bool = False
+    cdi: bool = False
+    apt_proxy: str | None = None
+    apt_lock_timeout_s: int = Field(600, ge=0, le=7200)
+    min_free_disk_gib: int = Field(80, ge=0, le=100000)
+    cuda_repo: AptRepo | None = None
+    toolkit_repo: AptRepo | None = None
+    docker_repo: AptRepo | None = None
+    registry: str | None = None
+    # rollout
+    gate: Literal["basic", "full"] = "basic"
+    gate_timeout_s: int = Field(600, ge=10, le=7200)
+    # Test hook for simulated rigs: passed to the engine container as RIGFLEET_SANDBOX_FAULT.
+    # Real vLLM ignores the variable; nothing else in rigfleet reads it.
+    sandbox_fault: SandboxFault | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _rig_name(cls, value: str) -> str:
+        if not RIG_NAME.match(value):
+            raise ValueError("use lower-case letters, digits, '.', '_' or '-' (at most 63)")
+        return value
+
+    @field_validator("ssh_hostname")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        try:
+            ip_address(value)
+        except ValueError:
+            if not HOSTNAME.match(value):
+                raise ValueError("must be an IP address or a DNS name") from None
+        return value
+
+    @field_validator("bind_address")
+    @classmethod
+    def _bind(cls, value: str) -> str:
+        ip_address(value)  # raises ValueError with a clear text
+        return value
+
+    @field_validator("model_dir", "cache_dir", "docker_data_root")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None:
+            path = PurePosixPath(value)
+            if not path.is_absolute() or ".." in path.parts:
+                raise ValueError("must be an absolute path on the rig without '..'")
+        return value
+
+    @field_validator("apt_proxy")
+    @classmethod
+    def _proxy(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", value):
+            raise ValueError("must look like http://HOST:PORT")
+        return value
+
+    @field_validator("engine_env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+        return value
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9.-]+(:\d{1,5})?$", value):
+            raise ValueError("must be HOST[:PORT] of a Docker registry")
+        return value
+
+
+class ImageRef(Strict):
+    repository: str
+    tag: str
+    digest: str | None = None
+    # an image archive (`docker save` format) to load instead of pulling: for air-gapped fleets
+    archive: str | None = None
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST.match(value):
+            raise ValueError("must be sha256:<64 hex digits>")
+        return value
+
+    @field_validator("archive")
+    @classmethod
+    def _archive(cls, value: str | None) -> str | None:
+        return value if value is None else _url(value)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
+class GenesisPin(Strict):
+    source: str
+    commit: str
+    version: str | None = None
+    sha256: str | None = None  # for tarball sources
+    known_good_vllm: tuple[str, ...] | None = None
+
+    @field_validator("commit")
+    @classmethod
+    def _commit(cls, value: str) -> str:
+        if not SHA40.match(value):
+            raise ValueError("must be the full 40-hex-digit commit SHA (a short SHA or tag can move)")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256_HEX.match(value):
+            raise ValueError("must be 64 lower-case hex digits")
+        return value
+
+
+class OverlayFile(Strict):
+    source: str
+    target: str
+    sha256: str | None = None
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        path = PurePosixPath(value)
+        if path.is_absolute() or ".." in path.parts or not value.endswith(".py"):
+            raise ValueError("must be a .py path relative to the vllm package, without '..'")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256_HEX.match(value):
+            raise ValueError("must be 64 lower-case hex digits")
+        return value
+
+
+class Overlay(Strict):
+    name: str
+    pr: int | None = None
+    files: tuple[OverlayFile, ...] = Field(min_length=1)
+
+
+class PackagePin(Strict):
+    version: str | None = None
+
+
+class DriverPin(Strict):
+    branch: int = Field(580, ge=450, le=999)
+    version: str | None = None
+
+
+class PinSet(Strict):
+    name: str
+    description: str = ""
+    base_image: ImageRef
+    vllm_version: str
+    cuda: str = "13.0"
+    genesis: GenesisPin | None = None
+    overlays: tuple[Overlay, ...] = ()
+    python_deps: dict[str, str] = {}
+    pip_index_url: str | None = None
+    driver: DriverPin = DriverPin()
+    toolkit: PackagePin = PackagePin()
+    docker: PackagePin = PackagePin()
+
+    @field_validator("python_deps")
+    @classmethod
+    def _pinned(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, version in value.items():
+            if not re.match(r"^[0-9][0-9A-Za-z.+!-]*$", str(version)):
+                raise ValueError(f"{name}: give an exact version (got {version!r})")
+        return value
+
+
+class GenesisFlags(Strict):
+    enable: tuple[str, ...]
+    disable: tuple[str, ...]
+    tunables: dict[str, str]
+    budget_from_batched_tokens: tuple[str, ...]
+    pin_policy: Literal["strict", "warn"]
+
+    def env(self, batched_tokens: int) -> dict[str, str]:
+        """GENESIS_* environment, with the token budgets tied to --max-num-batched-tokens."""
+        env = {f"GENESIS_ENABLE_{flag}": "1" for flag in self.enable}
+        env |= {f"GENESIS_ENABLE_{flag}": "0" for flag in self.disable}
+        env |= self.tunables
+        env |= {name: str(batched_tokens) for name in self.budget_from_batched_tokens}
+        env["GENESIS_VLLM_PIN_POLICY"] = self.pin_policy
+        return env
+
+
+class Measured(Strict):
+    kv_pool_tokens: int
+    source: str
+
+
+class Variant(Strict):
+    name: str
+    description: str
+    model: str
+    weights: str
+    served_model_names: tuple[str, ...]
+    container_name: str
+    upstream_image: str
+    port: int
+    quantization: str
+    dtype: str
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    gpu_count: int
+    min_vram_mib: int
+    max_model_len: int
+    kv_cache_dtype: str
+    mtp_tokens: int = Field(ge=0)
+    max_num_seqs: int = Field(ge=1)
+    gpu_memory_utilization: float = Field(gt=0, le=0.98)
+    max_num_batched_tokens: int = Field(ge=1)
+    trust_remote_code: bool
+    chat_template: str | None
+    reasoning_parser: str
+    default_chat_template_kwargs: dict[str, Any]
+    enable_auto_tool_choice: bool
+    tool_call_parser: str
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    sampling: dict[str, int | float]
+    custom_all_reduce: Literal["disabled", "nvlink"]
+    shm_size: str
+    ipc: str
+    restart: str
+    gpu_reservation: dict[str, Any]
+    env: dict[str, str]
+    genesis: GenesisFlags | None
+    measured: Measured | None = None
+
+    @property
+    def needs_genesis(self) -> bool:
+        return self.genesis is not None
