@@ -1,0 +1,270 @@
+"""Host services the SIMULATED rigs reach at 10.231.0.1 (run by `rigfleet sandbox up`).
+
+- :3142 an HTTP forward proxy for apt (absolute http:// GETs) to Debian mirrors only, caching
+  .deb files on disk (they never change under one name), plus CONNECT tunnels to PyPI so pip in
+  a rig works; anything else gets 403. Rigs have no NAT: this is their only way out.
+- :8080 a static file server for the sandbox www dir (simulated NVIDIA apt repo, simulated
+  Genesis git repo over dumb HTTP, overlays, weights, base image), filled by other modules.
+
+`python -m rigfleet.sandbox.services --addr A --www DIR --cache DIR` runs both until SIGTERM.
+Stdlib only: threads per connection are plenty for a handful of rigs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.client
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import sys
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rigfleet.sandbox.services")
+
+APT_HOSTS = frozenset({"deb.debian.org", "security.debian.org"})
+CONNECT_ALLOW = frozenset({("pypi.org", 443), ("files.pythonhosted.org", 443)})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_CHUNK = 64 * 1024
+UPSTREAM_TIMEOUT = 60
+
+
+class AptProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # apt keeps connections alive and pipelines requests
+    server_version = "rigfleet-sandbox-proxy"
+    cache_dir: Path = Path("/var/cache/rigfleet/apt-proxy")
+
+    def setup(self) -> None:
+        super().setup()
+        self.upstreams: dict[str, http.client.HTTPConnection] = {}
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("proxy %s %s", self.client_address[0], format % args)
+
+    def refuse(self, code: int, why: str) -> None:
+        body = f"rigfleet sandbox proxy: {why}\n".encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    # -- CONNECT: pip's HTTPS through an allowlisted tunnel --------------------------------
+    def do_CONNECT(self) -> None:
+        host, _, port = self.path.rpartition(":")
+        if (host.lower(), int(port or 0) if port.isdigit() else 0) not in CONNECT_ALLOW:
+            self.close_connection = True
+            return self.refuse(403, f"CONNECT to {self.path} is not allowed (PyPI only)")
+        try:
+            upstream = socket.create_connection((host, int(port)), timeout=UPSTREAM_TIMEOUT)
+        except OSError as exc:
+            self.close_connection = True
+            return self.refuse(502, f"cannot reach {self.path}: {exc}")
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.close_connection = True
+        _relay(self.connection, upstream)
+
+    # -- GET/HEAD of absolute http:// URLs to Debian mirrors -------------------------------
+    def do_GET(self) -> None:
+        self._forward()
+
+    def do_HEAD(self) -> None:
+        self._forward()
+
+    def _forward(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        host = (url.hostname or "").lower()
+        if url.scheme != "http" or not host:
+            return self.refuse(400, "this is a forward proxy: request absolute http:// URLs")
+        if host not in APT_HOSTS or (url.port or 80) != 80:
+            return self.refuse(403, f"{host} is not an allowed Debian mirror")
+        path = url.path or "/"
+        target = path + (f"?{url.query}" if url.query else "")
+        cached = _cache_file(self.cache_dir, host, path) if path.endswith(".deb") else None
+        if cached and cached.is_file():
+            return self._send_cached(cached)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
+        try:
+            resp = self._upstream(host, self.command, target, headers)
+        except (OSError, http.client.HTTPException) as exc:
+            return self.refuse(502, f"upstream {host} failed: {exc}")
+        self._relay_response(resp, cached if resp.status == 200 and self.command == "GET" else None)
+
+    def _upstream(self, host: str, method: str, target: str, headers: dict[str, str]) -> Any:
+        for attempt in (1, 2):  # a kept-alive upstream connection may have been closed meanwhile
+            conn = self.upstreams.get(host) or http.client.HTTPConnection(host, 80, timeout=UPSTREAM_TIMEOUT)
+            self.upstreams[host] = conn
+            try:
+                conn.request(method, target, headers=headers)
+                return conn.getresponse()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self.upstreams.pop(host, None)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _relay_response(self, resp: Any, cache_to: Path | None) -> None:
+        length = resp.getheader("Content-Length")
+        body: bytes | None = None
+        if length is None and self.command != "HEAD" and resp.status not in (204, 304):
+            body = resp.read()  # chunked upstream: buffer (index files), then send with a length
+            length = str(len(body))
+        self.send_response(resp.status, resp.reason)
+        for key, value in resp.getheaders():
+            if key.lower() not in _HOP_BY_HOP | {"content-length"}:
+                self.send_header(key, value)
+        if length is not None:
+            self.send_header("Content-Length", length)
+        self.end_headers()
+        if self.command == "HEAD" or resp.status in (204, 304):
+            resp.read()
+            return
+        if body is not None:
+            self.wfile.write(body)
+            return
+        tmp = None
+        if cache_to is not None:
+            cache_to.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_to.with_name(f".{cache_to.name}.{threading.get_ident()}.part")
+        written = 0
+        with open(tmp, "wb") if tmp else _NullFile() as sink:
+            while chunk := resp.read(_CHUNK):
+                self.wfile.write(chunk)
+                sink.write(chunk)
+                written += len(chunk)
+        if tmp and cache_to:
+            # Cache only complete downloads; a cut transfer must not poison later installs.
+            if written == int(length or -1):
+                os.replace(tmp, cache_to)
+            else:
+                tmp.unlink(missing_ok=True)
+
+    def _send_cached(self, path: Path) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/vnd.debian.binary-package")
+        self.send_header("Content-Length", str(path.stat().st_size))
+        self.send_header("X-Rigfleet-Cache", "hit")
+        self.end_headers()
+        if self.command == "GET":
+            with open(path, "rb") as fh:
+                shutil.copyfileobj(fh, self.wfile, _CHUNK)
+
+
+class _NullFile:
+    def write(self, _data: bytes) -> None:
+        pass
+
+    def __enter__(self) -> _NullFile:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        pass
+
+
+def _cache_file(cache_dir: Path, host: str, path: str) -> Path | None:
+    parts = [p for p in urllib.parse.unquote(path).split("/") if p]
+    if not parts or any(p in (".", "..") for p in parts):
+        return None
+    return cache_dir.joinpath(host, *parts)
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    try:
+        while True:
+            for key, _ in sel.select(timeout=300):
+                data = key.fileobj.recv(_CHUNK)  # type: ignore[union-attr]
+                if not data:
+                    return
+                key.data.sendall(data)
+    except OSError:
+        return
+    finally:
+        sel.close()
+        b.close()
+
+
+class WwwHandler(SimpleHTTPRequestHandler):
+    server_version = "rigfleet-sandbox-www"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.info("www %s %s", self.client_address[0], format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def serve(addr: str, www: Path, cache: Path, proxy_port: int = 3142, www_port: int = 8080) -> None:
+    www.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    AptProxyHandler.cache_dir = cache
+    servers = [
+        _Server((addr, proxy_port), AptProxyHandler),
+        _Server((addr, www_port), functools.partial(WwwHandler, directory=str(www))),
+    ]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    log.info(
+        "serving apt proxy on %s:%d and www %s on %s:%d (for the simulated rigs)",
+        addr,
+        proxy_port,
+        www,
+        addr,
+        www_port,
+    )
+    stop.wait()
+    log.info("stopping")
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rigfleet.sandbox.services")
+    parser.add_argument("--addr", required=True)
+    parser.add_argument("--www", type=Path, required=True)
+    parser.add_argument("--cache", type=Path, required=True)
+    parser.add_argument("--proxy-port", type=int, default=3142)
+    parser.add_argument("--www-port", type=int, default=8080)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stdout, format="%(asctime)s sandbox-services %(message)s"
+    )
+    serve(args.addr, args.www, args.cache, args.proxy_port, args.www_port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Running host commands for the sandbox, with the failing command named in the error."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+
+Log = Callable[[str], None]
+
+
+class SandboxError(RuntimeError):
+    """A sandbox step failed; the message says which and why."""
+
+
+def run(
+    cmd: Sequence[str], *, check: bool = True, input: str | None = None, timeout: float | None = 600
+) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(
+            list(cmd), input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except FileNotFoundError as exc:
+        raise SandboxError(f"command not found: {cmd[0]} (is its package installed?)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise SandboxError(f"timed out after {timeout}s: {' '.join(cmd)}") from exc
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip()[-2000:]
+        raise SandboxError(f"`{' '.join(cmd)}` failed with {proc.returncode}: {detail}")
+    return proc
+
+
+# Host tools the sandbox needs, and the Debian package that ships each.
+HOST_TOOLS = {
+    "debootstrap": "debootstrap",
+    "systemd-nspawn": "systemd-container",
+    "ip": "iproute2",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "nsenter": "util-linux",
+    "gzip": "gzip",
+}
+
+
+def ensure_host_tools(log: Log) -> None:
+    """apt-get install whatever is missing: CI starts on a fresh machine."""
+    missing = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
+    if not os.path.exists("/usr/share/keyrings/debian-archive-keyring.gpg"):
+        missing.add("debian-archive-keyring")  # debootstrap verifies the Release file with it
+    if not missing:
+        return
+    log(f"installing host tools: {' '.join(sorted(missing))}")
+    cmd = ["apt-get", "install", "-y", *sorted(missing)]
+    if run(cmd, check=False).returncode != 0:
+        run(["apt-get", "update"])
+        run(cmd)
