@@ -11,12 +11,13 @@ errors are Ansible's rather than naming the rig, the field and the fix.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rigfleet.errors import FLEET, InputError, Problem, closest
 from rigfleet.schema import PinSet, Rig
@@ -33,6 +34,10 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, "a key must be a plain name, not a list or mapping", key_node.start_mark
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark
@@ -210,8 +215,9 @@ def _refuse_stray_vars(inventory_dir: Path, groups: set[str], hosts: set[str]) -
             name = entry.name.removesuffix(".yml").removesuffix(".yaml")
             if entry.name.startswith(".") or name in names:
                 continue
-            guess = closest(name, names)
-            hint = f"rename it to {guess}.yml" if guess else f"add the {what} to hosts.yml or delete the file"
+            guesses = difflib.get_close_matches(name, sorted(names), n=3, cutoff=0.5)
+            hint = (f"rename it to {' or '.join(g + '.yml' for g in guesses)}" if guesses
+                    else f"add the {what} to hosts.yml or delete the file")
             problems.append(Problem(name if what == "rig" else FLEET, folder, entry.name,
                                     f"no {what} of that name in hosts.yml", hint, str(entry)))
     if problems:
@@ -245,7 +251,7 @@ def _load_pinsets(inventory_dir: Path) -> tuple[dict[str, PinSet], list[Problem]
 
 
 def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, str],
-             model: type) -> Problem:
+             model: type[BaseModel]) -> Problem:
     """Turn one pydantic error into a Problem naming the field, the value and the fix."""
     loc = [str(part) for part in error["loc"]]
     field_name = ".".join(loc) if loc else "<model>"

@@ -61,7 +61,10 @@ def image_context(pinset: PinSet) -> dict[str, Any]:
 
 def image_files(pinset: PinSet) -> dict[str, str]:
     ctx = image_context(pinset)
-    return {"Dockerfile": render("image/Dockerfile.j2", **ctx), "entrypoint.sh": render("image/entrypoint.sh.j2", **ctx)}
+    return {
+        "Dockerfile": render("image/Dockerfile.j2", **ctx),
+        "entrypoint.sh": render("image/entrypoint.sh.j2", **ctx),
+    }
 
 
 def image_tag(pinset: PinSet) -> str:

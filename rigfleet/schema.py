@@ -18,7 +18,8 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 RIG_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 SandboxFault = Literal["boot-crash", "unhealthy", "slow-boot", "garbage-output"]
@@ -274,7 +275,7 @@ class PinSet(Strict):
     overlays: tuple[Overlay, ...] = ()
     python_deps: dict[str, str] = {}
     pip_index_url: str | None = None
-    driver: DriverPin = DriverPin()
+    driver: DriverPin = DriverPin(branch=580)
     toolkit: PackagePin = PackagePin()
     docker: PackagePin = PackagePin()
 

@@ -1,0 +1,68 @@
+"""The one validated view of the fleet shared by inventory.py, deploy.py and the roles.
+
+pyinfra executes inventory.py and deploy.py in one process: the fleet is loaded and guarded
+once, and each role gets the RigContext of the host it runs on (never raw host.data).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from rigfleet import catalog, guard
+from rigfleet.errors import InputError
+from rigfleet.loader import Fleet, load_fleet
+from rigfleet.paths import inventory_dir
+from rigfleet.render import Release
+from rigfleet.schema import PinSet, Rig, Variant
+
+
+@dataclass(frozen=True)
+class RigContext:
+    fleet: Fleet
+    rig: Rig
+    pinset: PinSet
+    variant: Variant
+
+    @property
+    def release(self) -> Release:
+        return Release(self.rig, self.pinset, self.variant)
+
+
+@cache
+def fleet(path: Path | None = None) -> Fleet:
+    """Load and guard the fleet; on bad input print the problems and exit 2 before any connect."""
+    try:
+        loaded = load_fleet(path or inventory_dir())
+        for warning in guard.enforce(loaded):
+            print(warning.render(), file=sys.stderr)
+    except InputError as exc:
+        for problem in exc.problems:
+            print(problem.render(), file=sys.stderr)
+        raise SystemExit(2) from None
+    return loaded
+
+
+def for_rig(name: str) -> RigContext:
+    loaded = fleet()
+    rig = loaded.rig(name)
+    return RigContext(loaded, rig, loaded.pinsets[rig.pinset], catalog.variants()[rig.variant])
+
+
+def pyinfra_host_data(loaded: Fleet, rig: Rig) -> dict[str, Any]:
+    """Connection settings pyinfra needs; host keys are checked strictly, never accept-new."""
+    data: dict[str, Any] = {"ssh_hostname": rig.ssh_hostname, "ssh_port": rig.ssh_port}
+    if rig.ssh_user:
+        data["ssh_user"] = rig.ssh_user
+        if rig.ssh_user != "root":
+            data["_sudo"] = True
+    if rig.ssh_key:
+        data["ssh_key"] = str(loaded.path(rig.ssh_key))
+    known_hosts = loaded.path(rig.ssh_known_hosts_file or "known_hosts")
+    data["ssh_known_hosts_file"] = str(known_hosts)
+    data["ssh_strict_host_key_checking"] = "yes"
+    data |= loaded.pyinfra_data.get(rig.name, {})
+    return data

@@ -1,0 +1,8 @@
+"""Roles: one @deploy function per layer, each fed by the validated RigContext."""
+
+from collections.abc import Callable
+from typing import Any
+
+# Filled in layer order as roles land: preflight, apt_base, nvidia_driver, docker_engine,
+# container_toolkit, gpu_tuning, model_weights, vllm_image, serving.
+ROLES: list[Callable[..., Any]] = []

@@ -1,0 +1,117 @@
+"""Template renders: golden files for every variant, Compose schema validity, seed recipe facts."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from rigfleet import catalog
+from rigfleet.loader import load_fleet
+from rigfleet.render import Release, image_tag
+
+GOLDEN = Path(__file__).resolve().parent.parent / "golden"
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "fixtures" / "compose-spec" / "compose_spec.json")
+                    .read_text())
+UPDATE = os.environ.get("RIGFLEET_UPDATE_GOLDEN") == "1"
+
+
+def releases(inventory: Path) -> dict[str, Release]:
+    fleet = load_fleet(inventory)
+    return {rig.variant: Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+            for rig in fleet.rigs}
+
+
+@pytest.mark.parametrize("variant", sorted(catalog.variants()))
+def test_golden_render(golden_inventory: Path, variant: str) -> None:
+    release = releases(golden_inventory)[variant]
+    files = release.files(secrets=None, release_id=release.release_id())
+    for name, text in files.items():
+        golden = GOLDEN / variant / name
+        if UPDATE:
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(text, encoding="utf-8")
+        assert golden.is_file(), f"missing golden file {golden}; run with RIGFLEET_UPDATE_GOLDEN=1"
+        assert text == golden.read_text(encoding="utf-8"), f"{variant}/{name} differs from its golden file"
+
+
+@pytest.mark.parametrize("variant", sorted(catalog.variants()))
+def test_compose_is_valid_compose(golden_inventory: Path, variant: str) -> None:
+    document = yaml.safe_load(releases(golden_inventory)[variant].compose("r1"))
+    assert document.pop("name") == "rigfleet"  # newer than the vendored schema (see its SOURCE.md)
+    jsonschema.Draft201909Validator(SCHEMA).validate(document)
+
+
+def test_schema_validation_catches_a_broken_compose() -> None:
+    """Negative control: the vendored schema does reject a wrong shape."""
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft201909Validator(SCHEMA).validate({"services": {"vllm": {"shm_size": ["16gb"], "ipc": 1}}})
+
+
+def test_tq3_mtp_genesis_carries_the_seed_recipe(golden_inventory: Path) -> None:
+    release = releases(golden_inventory)["tq3-mtp-genesis"]
+    service = yaml.safe_load(release.compose("r1"))["services"]["vllm"]
+    args, env = service["command"], service["environment"]
+
+    def arg(flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    assert arg("--tensor-parallel-size") == "2"
+    assert arg("--max-model-len") == "262144"
+    assert arg("--max-num-seqs") == "2"
+    assert arg("--kv-cache-dtype") == "turboquant_3bit_nc"
+    assert json.loads(arg("--speculative-config")) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert env["GENESIS_ENABLE_P66_CUDAGRAPH_SIZE_FILTER"] == "1"
+    assert env["GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"] == "1"
+    assert not any(key.startswith("GENESIS_ENABLE_P65") for key in env)
+    assert env["GENESIS_ENABLE_P87"] == "0"
+    assert arg("--max-num-batched-tokens") == "4128"
+    assert env["GENESIS_PROFILE_RUN_CAP_M"] == env["GENESIS_PREALLOC_TOKEN_BUDGET"] == "4128"
+    assert env["NCCL_P2P_DISABLE"] == "1"
+    assert service["shm_size"] == "16gb" and service["ipc"] == "host"
+    assert service["deploy"]["resources"]["reservations"]["devices"] == [
+        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert service["restart"] == "unless-stopped"
+    assert "--disable-custom-all-reduce" in args
+
+
+def test_full_genesis_flag_set_is_rendered(golden_inventory: Path) -> None:
+    env = releases(golden_inventory)["tq3-mtp-genesis"].environment()
+    genesis = {k: v for k, v in env.items() if k.startswith("GENESIS_")}
+    # 38 on, 6 explicitly off, 6 tunables, 2 budgets, the pin policy
+    assert sum(v == "1" for k, v in genesis.items() if k.startswith("GENESIS_ENABLE_")) == 38
+    assert sorted(k for k, v in genesis.items() if k.startswith("GENESIS_ENABLE_") and v == "0") == sorted(
+        f"GENESIS_ENABLE_{f}" for f in ("P87", "P78_TOLIST_CAPTURE_GUARD", "P81_FP8_BLOCK_SCALED_M_LE_8",
+                                         "P40", "PN54", "P82"))
+    assert env["GENESIS_VLLM_PIN_POLICY"] == "strict"
+
+
+def test_secrets_stay_out_of_compose_and_image(golden_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = releases(golden_inventory)["int8"]
+    secret = "hf_TOPSECRET_do_not_leak"
+    files = release.files(secrets={"hf_token": secret, "api_key": "sk-also-secret"})
+    assert secret in files["rigfleet.env"]
+    for name in ("compose.yaml", "Dockerfile", "entrypoint.sh"):
+        assert secret not in files[name] and "sk-also-secret" not in files[name]
+    assert "HF_TOKEN" in release.files(secrets=None)["rigfleet.env"]  # the reference, not a value
+    assert "--api-key" not in release.serve_args()
+
+
+def test_image_tag_is_a_content_hash(golden_inventory: Path) -> None:
+    fleet = load_fleet(golden_inventory)
+    pinset = fleet.pinsets["seed-2026-05"]
+    assert image_tag(pinset) == image_tag(pinset.model_copy())
+    moved = pinset.model_copy(update={"python_deps": {**pinset.python_deps, "xxhash": "3.6.0"}})
+    assert image_tag(moved) != image_tag(pinset)
+    genesis = pinset.genesis.model_copy(update={"commit": "f" * 40})  # type: ignore[union-attr]
+    assert image_tag(pinset.model_copy(update={"genesis": genesis})) != image_tag(pinset)
+
+
+def test_release_id_is_stable_and_variant_specific(golden_inventory: Path) -> None:
+    rel = releases(golden_inventory)
+    assert rel["int8"].release_id() == rel["int8"].release_id()
+    assert rel["int8"].release_id() != rel["turbo"].release_id()
