@@ -19,6 +19,11 @@ from rigfleet.sandbox.layout import DISTROS, MAX_RIGS, OPERATOR, inventory_dir
 from rigfleet.sandbox.shell import SandboxError
 
 
+def _console() -> Console:
+    # Wide enough for boot ids and pids even when piped (rich assumes 80 columns then).
+    return Console(width=max(shutil.get_terminal_size((160, 24)).columns, 140))
+
+
 def _fail(exc: SandboxError) -> None:
     raise click.ClickException(str(exc)) from exc
 
@@ -43,7 +48,7 @@ def up(count: int, distro: str) -> None:
         table.add_column(col)
     for rig in info.rigs:
         table.add_row(rig.name, rig.address, f"{rig.boot_seconds:.1f} s", rig.boot_id or "-")
-    Console().print(table)
+    _console().print(table)
 
 
 @sandbox.command(help="Power the rigs off, stop host services, remove everything but the cache.")
@@ -85,10 +90,8 @@ def status() -> None:
     for r in rows:
         up_s = f"{r.uptime_s:.0f} s" if r.uptime_s is not None else "-"
         pids = "/".join(str(p) if p else "-" for p in (r.supervisor_pid, r.nspawn_pid, r.init_pid))
-        table.add_row(
-            r.name, r.state, "yes" if r.sshd else "no", r.address, r.boot_id or "-", up_s, str(r.boots), pids
-        )
-    Console().print(table)
+        table.add_row(r.name, r.state, "yes" if r.sshd else "no", r.address, r.boot_id or "-", up_s, str(r.boots), pids)
+    _console().print(table)
 
 
 @sandbox.command(

@@ -195,7 +195,9 @@ def clear(log: Log = _echo) -> None:
         if survivors:
             raise SandboxError(f"could not end sandbox processes: {survivors}")
     _reap()
-    for point in sorted(_our_mounts(), key=len, reverse=True):
+    # Netns bind mounts go with their namespaces in net.teardown; anything else here is stale.
+    stale = [m for m in _our_mounts() if not m.startswith(str(net.NETNS_DIR) + "/")]
+    for point in sorted(stale, key=len, reverse=True):
         log(f"unmounting leftover {point}")
         run(["umount", "-l", point], check=False)
     net.teardown(log)
@@ -342,9 +344,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             group_vars.update(result.get("group_vars") or {})
             pinsets.update(result.get("pinsets") or {})
         info.hooks = hooks
-        invfiles.write_inventory(
-            inv, [(r.name, r.address, r.host_key) for r in infos], key, group_vars, pinsets
-        )
+        invfiles.write_inventory(inv, [(r.name, r.address, r.host_key) for r in infos], key, group_vars, pinsets)
         for rig in infos:
             rig.boot_id = _ssh_check(inv, rig)
         _save(info)

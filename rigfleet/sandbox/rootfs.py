@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from rigfleet.sandbox.shell import Log, SandboxError, run
 ROOTFS_VERSION = 1
 MIRROR = "http://deb.debian.org/debian"
 INCLUDE = "openssh-server,python3,sudo,ca-certificates,gnupg,curl,systemd,systemd-sysv,dbus,iproute2"
+HOST_LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 _TAR_FLAGS = ["--numeric-owner", "--xattrs", "--xattrs-include=*"]
 
 SSHD_CONF = """\
@@ -140,6 +142,7 @@ def install_rig_root(tarball: Path, rig: RigSpec, authorized_key: str) -> str:
     (root / "etc/hosts").write_text(
         f"127.0.0.1\tlocalhost\n{rig.address}\t{rig.name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
     )
+    _trust_host_cas(root)
     uid, gid = _passwd_ids(root, OPERATOR)
     ssh_dir = root / "home" / OPERATOR / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
@@ -150,6 +153,20 @@ def install_rig_root(tarball: Path, rig: RigSpec, authorized_key: str) -> str:
         os.chown(path, uid, gid)
     pub = key.with_suffix(".pub").read_text().split()
     return f"{pub[0]} {pub[1]}"
+
+
+def _trust_host_cas(root: Path) -> None:
+    """Give the rig the host's local CAs: where the host's egress re-signs TLS, pip through the
+    proxy's CONNECT tunnel must trust what the host trusts. No-op on a host without any."""
+    bundle = root / "etc/ssl/certs/ca-certificates.crt"
+    local = root / "usr/local/share/ca-certificates"
+    for cert in sorted(HOST_LOCAL_CAS.glob("*.crt")) if HOST_LOCAL_CAS.is_dir() else []:
+        local.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cert, local / cert.name)  # kept by a later update-ca-certificates in the rig
+        pem = cert.read_text()
+        if bundle.exists() and pem.strip() not in bundle.read_text():
+            with open(bundle, "a") as fh:
+                fh.write("\n" + pem.strip() + "\n")
 
 
 def _passwd_ids(root: Path, user: str) -> tuple[int, int]:

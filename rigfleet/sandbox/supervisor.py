@@ -47,6 +47,9 @@ def nspawn_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID")}
     # cgroup v2 inside the rig even on a hybrid host, else containers in the rig hit a read-only cgroupfs.
     env["SYSTEMD_NSPAWN_UNIFIED_HIERARCHY"] = "1"
+    # nspawn mounts /proc/sys read-only unless it made the netns itself; the rig owns its netns, so
+    # let it write /proc/sys/net (dockerd sets ip_forward and per-interface IPv6 there).
+    env["SYSTEMD_NSPAWN_API_VFS_WRITABLE"] = "network"
     return env
 
 
