@@ -83,9 +83,7 @@ def rp_filter_report(rigs: list[RigSpec]) -> str:
 
 def list_ours() -> tuple[list[str], list[str]]:
     """Network namespaces and host links this sandbox creates, including stale ones."""
-    netns = (
-        sorted(p.name for p in NETNS_DIR.iterdir() if _OURS_NETNS.match(p.name)) if NETNS_DIR.is_dir() else []
-    )
+    netns = sorted(p.name for p in NETNS_DIR.iterdir() if _OURS_NETNS.match(p.name)) if NETNS_DIR.is_dir() else []
     links = json.loads(run(["ip", "-j", "link", "show"]).stdout or "[]")
     ours = sorted(str(link["ifname"]) for link in links if _OURS_LINK.match(str(link.get("ifname", ""))))
     return netns, ours + [f"{SERVICE_ADDR}@{name}" for name in service_address_links() if name not in ours]

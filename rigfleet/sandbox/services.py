@@ -259,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxy-port", type=int, default=3142)
     parser.add_argument("--www-port", type=int, default=8080)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stdout, format="%(asctime)s sandbox-services %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s sandbox-services %(message)s")
     serve(args.addr, args.www, args.cache, args.proxy_port, args.www_port)
     return 0
 

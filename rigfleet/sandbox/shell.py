@@ -18,9 +18,7 @@ def run(
     cmd: Sequence[str], *, check: bool = True, input: str | None = None, timeout: float | None = 600
 ) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(
-            list(cmd), input=input, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError as exc:
         raise SandboxError(f"command not found: {cmd[0]} (is its package installed?)") from exc
     except subprocess.TimeoutExpired as exc:
