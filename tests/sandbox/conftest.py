@@ -1,0 +1,122 @@
+"""Fixtures for the sandbox tier: SIMULATED rigs booted by `rigfleet sandbox up` (root, Linux).
+
+Use the module-scoped `sandbox` fixture. A module asks for more rigs (or a fresh boot) with
+module-level constants; the session keeps one sandbox and only re-runs `up` when a module needs
+more rigs than are up, asks for a fresh one, or an earlier test took it down:
+
+    SANDBOX_RIGS = 3        # default 1
+    SANDBOX_FRESH = True    # default False: reuse the rigs as the previous module left them
+    SANDBOX_DISTRO = "bookworm"  # default: env RIGFLEET_SANDBOX_DISTRO or trixie
+
+The rigs are not reset between modules unless SANDBOX_FRESH is set; host_vars/ of the generated
+inventory is emptied for every module so faults set by one module do not leak into the next.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rigfleet.sandbox import manager, procs
+
+DEFAULT_DISTRO = os.environ.get("RIGFLEET_SANDBOX_DISTRO", "trixie")
+
+
+def sandbox_unavailable() -> str | None:
+    if platform.system() != "Linux":
+        return "the sandbox needs Linux"
+    if os.geteuid() != 0:
+        return "the sandbox needs root"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = sandbox_unavailable()
+    if reason:
+        for item in items:
+            if item.get_closest_marker("sandbox"):
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@dataclass
+class Sandbox:
+    """What a test needs of the running sandbox."""
+
+    info: manager.SandboxInfo
+    rigs: list[str]
+
+    @property
+    def inventory_dir(self) -> Path:
+        return Path(self.info.inventory_dir)
+
+    @property
+    def host_vars_dir(self) -> Path:
+        return self.inventory_dir / "host_vars"
+
+    def address(self, rig: str) -> str:
+        return next(r.address for r in self.info.rigs if r.name == rig)
+
+    def ssh(
+        self, rig: str, command: str, *, check: bool = True, timeout: float = 120, user: str = "rigop"
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `command` on a rig as the operator, the way the deploy connects (strict host keys)."""
+        argv = [*manager.ssh_command(self.inventory_dir, self.address(rig), user), command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+class SandboxSession:
+    def __init__(self) -> None:
+        self.info: manager.SandboxInfo | None = None
+
+    def ensure(self, rigs: int, distro: str, fresh: bool) -> manager.SandboxInfo:
+        current = self.info
+        reusable = (
+            current is not None
+            and not fresh
+            and current.distro == distro
+            and len(current.rigs) >= rigs
+            and all(procs.alive(s.supervisor_pid) for s in manager.status()[:rigs])
+        )
+        if not reusable:
+            self.info = manager.up(rigs=rigs, distro=distro, log=print)
+        assert self.info is not None
+        return self.info
+
+    def mark_down(self) -> None:
+        """A test ran `down` itself; the next module gets a new `up`."""
+        self.info = None
+
+    def close(self) -> None:
+        if self.info is not None:
+            manager.down(log=print)
+            self.info = None
+
+
+@pytest.fixture(scope="session")
+def sandbox_session() -> Iterator[SandboxSession]:
+    reason = sandbox_unavailable()
+    if reason:
+        pytest.skip(reason)
+    session = SandboxSession()
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+@pytest.fixture(scope="module")
+def sandbox(request: pytest.FixtureRequest, sandbox_session: SandboxSession) -> Sandbox:
+    rigs = int(getattr(request.module, "SANDBOX_RIGS", 1))
+    distro = str(getattr(request.module, "SANDBOX_DISTRO", DEFAULT_DISTRO))
+    fresh = bool(getattr(request.module, "SANDBOX_FRESH", False))
+    info = sandbox_session.ensure(rigs, distro, fresh)
+    handle = Sandbox(info, [r.name for r in info.rigs[:rigs]])
+    for stale in handle.host_vars_dir.glob("*"):
+        stale.unlink()
+    return handle
