@@ -1,0 +1,126 @@
+"""Run the deploy (every role) or read facts on a chosen set of rigs through pyinfra's Python API.
+
+`pyinfra inventory.py deploy.py` is the operator's converge; the fleet commands (repin, status,
+rollback) need the same thing for a subset of rigs with per-rig outcomes, so they drive pyinfra
+through its API: one fresh State per call (pyinfra keeps per-run state globally).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import get_facts
+from pyinfra.api.operations import run_ops
+
+from rigfleet import catalog
+from rigfleet.context import RigContext, pyinfra_host_data
+from rigfleet.loader import Fleet
+
+
+@dataclass
+class RigOutcome:
+    rig: str
+    reachable: bool = True
+    ok: bool = True
+    changed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        if not self.reachable:
+            return "unreachable"
+        return "ok" if self.ok else "failed: " + "; ".join(self.errors[-3:])
+
+
+def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, dict[str, RigOutcome]]:
+    chosen = set(names)
+    hosts = [(rig.name, pyinfra_host_data(fleet, rig)) for rig in fleet.rigs if rig.name in chosen]
+    outcomes = {name: RigOutcome(name) for name, _ in hosts}
+    state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config))
+    # "No hosts remaining!" when every host failed to connect: reported per rig below.
+    with contextlib.suppress(PyinfraError):
+        connect_all(state)
+    for host in state.inventory:
+        if host not in state.active_hosts:
+            outcomes[host.name].reachable = False
+            outcomes[host.name].ok = False
+    return state, outcomes
+
+
+Role = Callable[..., Any]
+
+
+def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None) -> dict[str, RigOutcome]:
+    """Run the roles on these rigs in parallel; per-rig outcome, a failing rig never stops the others."""
+    if roles is None:
+        from roles import ROLES
+
+        roles = ROLES
+    state, outcomes = _state(fleet, names)
+    try:
+        if state.active_hosts:
+            contexts = {
+                rig.name: RigContext(fleet, rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+                for rig in fleet.rigs if rig.name in outcomes
+            }
+
+            def deploy_rig() -> None:
+                from pyinfra import host
+
+                for role in roles:
+                    role(contexts[host.name])
+
+            add_deploy(state, deploy_rig)
+            try:
+                run_ops(state)
+            except PyinfraError as exc:  # raised when no host is left; per-host errors are below
+                logging.getLogger(__name__).debug("run_ops: %s", exc)
+        _collect(state, outcomes)
+    finally:
+        disconnect_all(state)
+    return outcomes
+
+
+def _collect(state: State, outcomes: dict[str, RigOutcome]) -> None:
+    for host in state.inventory:
+        outcome = outcomes[host.name]
+        if not outcome.reachable:
+            continue
+        for op_hash, op_data in state.ops[host].items():
+            meta = op_data.operation_meta
+            if not meta.is_complete():
+                continue
+            if meta.did_error():
+                outcome.ok = False
+                outcome.errors.append(f"{', '.join(sorted(state.op_meta[op_hash].names))}: {_output(meta)}")
+            elif meta.did_change():
+                outcome.changed += 1
+        if host in state.failed_hosts:
+            outcome.ok = False
+
+
+def _output(meta: Any) -> str:
+    try:
+        text = meta.stderr or meta.stdout
+    except (AssertionError, RuntimeError):  # no output was captured (e.g. a Python callback raised)
+        text = ""
+    return text.strip()[-300:]
+
+
+def read_facts(fleet: Fleet, names: Iterable[str], fact: type, **kwargs: Any) -> tuple[dict[str, Any],
+                                                                                         dict[str, RigOutcome]]:
+    """One fact from each reachable rig (read-only); unreachable rigs are reported, not skipped."""
+    state, outcomes = _state(fleet, names)
+    try:
+        results = get_facts(state, fact, kwargs=kwargs) if state.active_hosts else {}
+        return {host.name: value for host, value in results.items()}, outcomes
+    finally:
+        disconnect_all(state)
