@@ -429,7 +429,7 @@ class RigStatus:
 
 
 def _rig_init(nspawn_pid: int | None) -> int | None:
-    kids = procs.children_of(nspawn_pid) if procs.alive(nspawn_pid) else []
+    kids = procs.children_of(nspawn_pid) if nspawn_pid and procs.alive(nspawn_pid) else []
     return kids[0] if kids else None
 
 

@@ -100,7 +100,8 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
-        boot, reboots = 0, []
+        boot = 0
+        reboots: list[float] = []
         with open(self.rig.dir / "console.log", "ab") as console:
             while not self.stopping:
                 boot += 1
