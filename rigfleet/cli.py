@@ -139,6 +139,8 @@ def plan(as_json: bool) -> None:
 
 def _register_optional() -> None:
     """Commands of later layers; the sandbox group is simulated rigs for rehearsal and tests."""
+    import rigfleet.cli_fleet  # noqa: F401 - registers repin and status on `main`
+
     try:
         from rigfleet.sandbox.cli import sandbox
     except ImportError:  # pragma: no cover - the sandbox package is part of the source tree

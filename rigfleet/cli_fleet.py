@@ -1,0 +1,86 @@
+"""Fleet commands: `rigfleet repin` (waves, canary first) and `rigfleet status` (read-only drift)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from rigfleet import rollout, runner, status
+from rigfleet.cli import _warn, load_checked, main, user_errors
+
+out = Console(highlight=False, soft_wrap=True)
+
+
+@main.command()
+@click.option("--group", help="only rigs of this inventory group")
+@click.option("--limit", multiple=True, help="only these rigs (repeatable)")
+@click.option("--canary", help="the rig that goes first, alone (default: the first rig in scope)")
+@click.option("--wave", "wave_size", default=2, show_default=True, help="rigs per wave after the canary")
+@click.option("--max-failures", default=1, show_default=True, help="halt once this many rigs failed")
+@click.option("--dry-run", is_flag=True, help="print the wave plan and contact nothing")
+@user_errors
+def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_size: int, max_failures: int,
+          dry_run: bool) -> None:
+    """Roll out what the inventory declares, canary first, then waves; halt at the first failure."""
+    fleet, warnings = load_checked()
+    _warn(warnings)
+    plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size)
+    for index, rigs in enumerate(plan):
+        label = "canary" if index == 0 else f"wave {index}"
+        out.print(f"{label}: {', '.join(rigs)}")
+    if dry_run:
+        return
+
+    def start(index: int, rigs: list[str]) -> None:
+        label = "canary (gate full)" if index == 0 else f"wave {index}"
+        out.print(f"\n[bold]{label}[/bold]: converging {', '.join(rigs)} ...")
+
+    def done(wave: rollout.WaveResult) -> None:
+        for name, outcome in wave.outcomes.items():
+            style = "green" if outcome.ok else "red"
+            out.print(f"  {name}: [{style}]{outcome.summary}[/{style}] ({outcome.changed} changes)")
+        out.print(f"  wave took {wave.seconds:.0f} s")
+
+    result = rollout.run(fleet, plan, runner.converge, max_failures, on_wave=done, on_start=start)
+    out.print()
+    if result.ok:
+        out.print(f"[green]re-pin complete[/green]: {len(result.touched)} rigs converged")
+        return
+    out.print(f"[red]re-pin halted[/red]: failed {', '.join(result.failed) or '-'}; "
+              f"untouched {', '.join(result.untouched) or '-'}. Rigs whose gate failed are back on their "
+              "previous release; fix the cause and run the same command again to continue.")
+    sys.exit(1)
+
+
+@main.command(name="status")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table")
+@user_errors
+def status_command(as_json: bool) -> None:
+    """Per rig, read-only: reachability, host stack, current release, health and drift."""
+    fleet, _ = load_checked()
+    rows = status.collect(fleet)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"rigfleet status: {fleet.inventory_dir}")
+    for column in ("rig", "up", "distro/kernel", "driver", "docker", "toolkit", "release", "healthy",
+                   "KV pool", "drift"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        drift = "\n".join(row["drift"]) if row["drift"] else "none"
+        table.add_row(
+            row["rig"], "yes" if row["reachable"] else "[red]NO[/red]", row.get("os") or "-",
+            row.get("driver") or "-", row.get("docker") or "-", row.get("toolkit") or "-",
+            f"{row['pinset'] or '-'} / {row['variant'] or '-'}", _yes_no(row["healthy"]),
+            f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-",
+            f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]",
+        )
+    out.print(table)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("[green]yes[/green]" if value else "[red]no[/red]")

@@ -1,0 +1,150 @@
+"""`rigfleet status`: read-only state of every rig and its drift from the inventory.
+
+One remote command per rig: a stdlib-only probe runs on the rig and prints JSON (host stack,
+ledger, serving container), so a status over a large fleet stays cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pyinfra.api import FactBase
+
+from rigfleet import catalog, runner
+from rigfleet.loader import Fleet
+from rigfleet.render import Release, clamped_power_limit
+
+LEDGER = "/var/lib/rigfleet/ledger.json"
+
+# Runs on the rig (python3 is there on every supported distro); never fails, always prints JSON.
+PROBE = r'''
+import json, platform, subprocess
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        return ""
+osr = {}
+for line in open("/etc/os-release").read().splitlines():
+    if "=" in line:
+        key, value = line.split("=", 1)
+        osr[key] = value.strip('"')
+out = {"os": (osr.get("ID", "?") + " " + osr.get("VERSION_ID", "")).strip(), "kernel": platform.release()}
+out["nvidia_smi"] = sh("nvidia-smi --query-gpu=index,driver_version,persistence_mode,power.limit "
+                       "--format=csv,noheader,nounits 2>&1")
+out["held"] = sh("apt-mark showhold 2>/dev/null").split()
+out["docker"] = sh("docker version --format '{{.Server.Version}}' 2>/dev/null")
+out["toolkit"] = sh("nvidia-ctk --version 2>/dev/null | head -n 1")
+try:
+    out["ledger"] = json.load(open("@LEDGER@"))
+except Exception:
+    out["ledger"] = None
+out["containers"] = sh("docker ps -a --filter label=io.rigfleet.release --format "
+                       "'{{.Label \"io.rigfleet.release\"}} {{.State}} {{.Status}}' 2>/dev/null").splitlines()
+print(json.dumps(out))
+'''.replace("@LEDGER@", LEDGER)
+
+
+class RigProbe(FactBase):
+    """Everything `status` shows, in one command."""
+
+    def command(self) -> str:
+        encoded = base64.b64encode(PROBE.encode()).decode()
+        return f"echo {encoded} | base64 -d | python3 -"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return dict(json.loads("\n".join(output)))
+
+
+def _current(ledger: Any) -> dict[str, Any]:
+    if isinstance(ledger, dict) and isinstance(ledger.get("current"), dict):
+        return ledger["current"]
+    return {}
+
+
+def _gpus(smi: str) -> list[dict[str, str]] | None:
+    """Rows of the probe's nvidia-smi query, or None when it did not answer with GPU rows."""
+    rows = []
+    for line in smi.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            return None
+        rows.append({"index": parts[0], "driver": parts[1], "persistence": parts[2], "power": parts[3]})
+    return rows or None
+
+
+def drift(release: Release, probe: dict[str, Any]) -> list[str]:
+    """Every difference between what the inventory declares and what the rig has."""
+    rig, pinset, variant = release.rig, release.pinset, release.variant
+    found: list[str] = []
+    current = _current(probe.get("ledger"))
+    want_release = release.release_id()
+    if not current:
+        found.append(f"release: none (want {variant.name} on {pinset.name})")
+    else:
+        if current.get("pinset") != pinset.name:
+            found.append(f"pinset: {current.get('pinset')} (want {pinset.name})")
+        if current.get("variant") != variant.name:
+            found.append(f"variant: {current.get('variant')} (want {variant.name})")
+        if current.get("image") not in (None, release.image) or current.get("image_tag") not in (None, release.image):
+            found.append(f"image: {current.get('image') or current.get('image_tag')} (want {release.image})")
+        if current.get("release_id") != want_release and not found:
+            found.append(f"release: {current.get('release_id')} (want {want_release})")
+    states = {line.split(" ", 1)[0]: line for line in probe.get("containers", [])}
+    if current and not any(line.split(" ")[1:2] == ["running"] for line in states.values()):
+        found.append("serving: no rigfleet container running")
+    gpus = _gpus(probe.get("nvidia_smi", ""))
+    if gpus is None:
+        text = probe.get("nvidia_smi", "") or "nvidia-smi missing"
+        found.append("driver: " + ("mismatch, reboot needed" if "mismatch" in text else text.splitlines()[0][:80]))
+    else:
+        if len(gpus) != rig.gpu_count:
+            found.append(f"gpus: {len(gpus)} seen (want {rig.gpu_count})")
+        version = gpus[0]["driver"]
+        if not version.startswith(f"{pinset.driver.branch}."):
+            found.append(f"driver: {version} (want branch {pinset.driver.branch})")
+        if pinset.driver.version and not version.startswith(pinset.driver.version.split("-")[0]):
+            found.append(f"driver: {version} (want {pinset.driver.version})")
+        if any(g["persistence"] != "Enabled" for g in gpus):
+            found.append("persistence mode: off")
+        want_power = clamped_power_limit(rig)
+        if want_power is not None:
+            for gpu in gpus:
+                if abs(float(gpu["power"] or 0) - want_power) > 1:
+                    found.append(f"power limit GPU{gpu['index']}: {gpu['power']} W (want {want_power} W)")
+    held = set(probe.get("held", []))
+    if not any(name.startswith(("nvidia-", "cuda-", "linux-modules-nvidia")) for name in held):
+        found.append("driver packages: not held")
+    return found
+
+
+def collect(fleet: Fleet) -> list[dict[str, Any]]:
+    names = [rig.name for rig in fleet.rigs]
+    probes, outcomes = runner.read_facts(fleet, names, RigProbe)
+    rows = []
+    for rig in fleet.rigs:
+        release = Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+        probe = probes.get(rig.name)
+        reachable = outcomes[rig.name].reachable and probe is not None
+        current = _current(probe.get("ledger")) if probe else {}
+        running = probe is not None and any(" running " in f" {line} " for line in probe.get("containers", []))
+        gpus = _gpus(probe.get("nvidia_smi", "")) if probe else None
+        rows.append({
+            "rig": rig.name,
+            "reachable": reachable,
+            "os": f"{probe['os']} / {probe['kernel']}" if probe else None,
+            "driver": (gpus[0]["driver"] + (" (held)" if any(p.startswith("nvidia-") for p in probe["held"]) else ""))
+            if probe and gpus else None,
+            "docker": probe.get("docker") if probe else None,
+            "toolkit": probe.get("toolkit") if probe else None,
+            "pinset": current.get("pinset"),
+            "variant": current.get("variant"),
+            "image_tag": current.get("image") or current.get("image_tag"),
+            "release_id": current.get("release_id"),
+            "healthy": (running and "unhealthy" not in " ".join(probe.get("containers", []))) if probe else None,
+            "kv_pool_tokens": current.get("kv_pool_tokens"),
+            "drift": drift(release, probe) if probe else ["unreachable"],
+        })
+    return rows

@@ -1,0 +1,93 @@
+"""Wave logic of `rigfleet repin` with a scripted converge (the sandbox tier runs the real one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rigfleet import rollout
+from rigfleet.errors import InputError
+from rigfleet.loader import Fleet, load_fleet
+from rigfleet.runner import RigOutcome
+
+
+class Script:
+    """A converge that fails the rigs it is told to, and records every call."""
+
+    def __init__(self, failing: set[str] = frozenset(), unreachable: set[str] = frozenset()) -> None:
+        self.failing, self.unreachable = set(failing), set(unreachable)
+        self.calls: list[list[str]] = []
+        self.gates: dict[str, str] = {}
+
+    def __call__(self, fleet: Fleet, rigs: list[str]) -> dict[str, RigOutcome]:
+        self.calls.append(list(rigs))
+        outcomes = {}
+        for name in rigs:
+            self.gates[name] = fleet.rig(name).gate
+            if name in self.unreachable:
+                outcomes[name] = RigOutcome(name, reachable=False, ok=False)
+            else:
+                outcomes[name] = RigOutcome(name, ok=name not in self.failing,
+                                            errors=["gate failed"] if name in self.failing else [])
+        return outcomes
+
+
+@pytest.fixture
+def fleet(example_inventory: Path) -> Fleet:
+    return load_fleet(example_inventory)
+
+
+def test_plan_canary_then_waves(fleet: Fleet) -> None:
+    names = rollout.scope(fleet, None, None)
+    assert rollout.plan_waves(names, None, 2) == [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]]
+    assert rollout.plan_waves(names, "rig-11", 3) == [["rig-11"], ["rig-01", "rig-02", "rig-12"]]
+
+
+def test_scope_by_group_and_bad_names(fleet: Fleet) -> None:
+    assert rollout.scope(fleet, "prod", None) == ["rig-11", "rig-12"]
+    with pytest.raises(InputError, match="no such group"):
+        rollout.scope(fleet, "stage", None)
+    with pytest.raises(InputError, match="rig-12"):
+        rollout.scope(fleet, None, ["rig-13"])
+    with pytest.raises(InputError, match="canary"):
+        rollout.plan_waves(["rig-11"], "rig-01", 1)
+
+
+def test_all_waves_succeed(fleet: Fleet) -> None:
+    script = Script()
+    result = rollout.run(fleet, [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]], script)
+    assert result.ok and result.untouched == [] and script.calls == [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]]
+
+
+def test_failed_canary_touches_nothing_else(fleet: Fleet) -> None:
+    script = Script(failing={"rig-01"})
+    result = rollout.run(fleet, [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]], script)
+    assert result.halted and result.failed == ["rig-01"]
+    assert script.calls == [["rig-01"]] and result.untouched == ["rig-02", "rig-11", "rig-12"]
+
+
+def test_canary_is_gated_full_and_the_rest_as_declared(fleet: Fleet) -> None:
+    script = Script()
+    rollout.run(fleet, [["rig-01"], ["rig-02"]], script)
+    assert script.gates == {"rig-01": "full", "rig-02": "basic"}
+
+
+def test_failure_in_wave_two_leaves_later_waves_untouched(fleet: Fleet) -> None:
+    script = Script(failing={"rig-11"})
+    result = rollout.run(fleet, [["rig-01"], ["rig-02"], ["rig-11"], ["rig-12"]], script)
+    assert result.failed == ["rig-11"] and result.untouched == ["rig-12"]
+    assert [w.rigs for w in result.waves] == [["rig-01"], ["rig-02"], ["rig-11"]]
+
+
+def test_unreachable_rig_stops_the_rollout(fleet: Fleet) -> None:
+    script = Script(unreachable={"rig-02"})
+    result = rollout.run(fleet, [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]], script)
+    assert result.halted and "rig-02" in result.failed and result.untouched == ["rig-12"]
+    assert result.waves[1].outcomes["rig-02"].summary == "unreachable"
+
+
+def test_max_failures_lets_the_rollout_absorb_some(fleet: Fleet) -> None:
+    script = Script(failing={"rig-02"})
+    result = rollout.run(fleet, [["rig-01"], ["rig-02"], ["rig-11"], ["rig-12"]], script, max_failures=2)
+    assert not result.halted and result.failed == ["rig-02"] and result.untouched == []
