@@ -12,8 +12,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import pyinfra
+
 from rigfleet import catalog, guard
-from rigfleet.errors import InputError
+from rigfleet.errors import FLEET, InputError, Problem
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet.paths import inventory_dir
 from rigfleet.render import Release
@@ -32,11 +34,35 @@ class RigContext:
         return Release(self.rig, self.pinset, self.variant)
 
 
+def cli_data_overrides(argv: list[str]) -> dict[str, Any]:
+    """pyinfra's `--data key=value` overrides, parsed as pyinfra parses them.
+
+    pyinfra applies them to host.data only after inventory.py ran; the roles read the validated
+    model, so the overrides are validated here too (a bad one exits 2 before any connect).
+    """
+    from pyinfra_cli.util import parse_cli_arg
+
+    raw: list[str] = []
+    for index, arg in enumerate(argv):
+        if arg == "--data" and index + 1 < len(argv):
+            raw.append(argv[index + 1])
+        elif arg.startswith("--data="):
+            raw.append(arg.removeprefix("--data="))
+    overrides: dict[str, Any] = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError([Problem(FLEET, "--data", item, "not in key=value form", "write --data key=value")])
+        overrides[key] = parse_cli_arg(value)
+    return overrides
+
+
 @cache
 def fleet(path: Path | None = None) -> Fleet:
     """Load and guard the fleet; on bad input print the problems and exit 2 before any connect."""
     try:
-        loaded = load_fleet(path or inventory_dir())
+        overrides = cli_data_overrides(sys.argv) if pyinfra.is_cli else {}
+        loaded = load_fleet(path or inventory_dir(), overrides)
         for warning in guard.enforce(loaded):
             print(warning.render(), file=sys.stderr)
     except InputError as exc:

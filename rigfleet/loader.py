@@ -150,8 +150,11 @@ def _layer(merged: dict[str, Any], sources: dict[str, str], values: dict[str, An
         sources[key] = origin
 
 
-def load_fleet(inventory_dir: Path) -> Fleet:
-    """Read, merge and validate; raise InputError listing every problem found."""
+def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> Fleet:
+    """Read, merge and validate; raise InputError listing every problem found.
+
+    `overrides` (pyinfra's `--data key=value`) beat every file, for every rig, as in pyinfra.
+    """
     inventory_dir = Path(inventory_dir)
     hosts_file = inventory_dir / "hosts.yml"
     if not hosts_file.is_file():
@@ -192,6 +195,7 @@ def load_fleet(inventory_dir: Path) -> Fleet:
         _layer(merged, sources, tree.host_vars.get(host, {}), f"{hosts_file} (host {host})")
         for path in _vars_file(inventory_dir / "host_vars", host):
             _layer(merged, sources, _mapping(read_yaml(path, host), path, host), str(path))
+        _layer(merged, sources, overrides or {}, "--data")
         pyinfra = {k: merged.pop(k) for k in list(merged) if k.startswith(PYINFRA_PREFIX)}
         rig, rig_problems = _validate_rig(host, groups, merged, sources)
         problems += rig_problems

@@ -79,3 +79,16 @@ def test_missing_inventory_says_how_to_create_one(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
         load_fleet(tmp_path / "nowhere")
     assert "rigfleet sandbox up" in str(caught.value)
+
+
+def test_data_overrides_beat_every_file_and_are_validated(example_inventory: Path) -> None:
+    from rigfleet.context import cli_data_overrides
+
+    overrides = cli_data_overrides(["pyinfra", "inventory.py", "deploy.py", "--data", "power_limit_w=260",
+                                    "--data=gate=full"])
+    assert overrides == {"power_limit_w": 260, "gate": "full"}
+    fleet = load_fleet(example_inventory, overrides)
+    assert {r.power_limit_w for r in fleet.rigs} == {260} and fleet.sources["rig-02"]["power_limit_w"] == "--data"
+    with pytest.raises(InputError) as caught:
+        load_fleet(example_inventory, cli_data_overrides(["--data", "gate=fast"]))
+    assert "rig-01: gate" in str(caught.value) and "--data" in str(caught.value)
