@@ -278,8 +278,9 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
     _require_root_linux()
     specs = rig_specs(rigs)
     with _exclusive():
+        began = time.monotonic()
+        ensure_host_tools(log)  # first: clearing leftovers needs ip(8) already
         clear(log)
-        ensure_host_tools(log)
         tarball = rootfs.ensure_tarball(distro, log)
         for d in (STATE_DIR, RIGS_DIR, WWW_DIR, LOG_DIR):
             d.mkdir(parents=True, exist_ok=True)
@@ -348,7 +349,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         for rig in infos:
             rig.boot_id = _ssh_check(inv, rig)
         _save(info)
-        log(f"sandbox up: {len(infos)} simulated rig(s), inventory {inv}")
+        log(f"sandbox up in {time.monotonic() - began:.0f}s: {len(infos)} simulated rig(s), inventory {inv}")
         return info
 
 

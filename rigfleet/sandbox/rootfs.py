@@ -65,13 +65,19 @@ def ensure_tarball(distro: str, log: Log) -> Path:
             log(f"reusing cached {distro} root {target}")
             return target
         build = CACHE_DIR / f"build-{distro}"
-        remove_tree(build)  # a killed earlier build
+        unmount_under(build)  # a killed earlier debootstrap may leave its /proc mounted there
+        remove_tree(build)
         started = time.monotonic()
         log(f"debootstrap {distro} (minbase) into {build}; cached afterwards, about a minute once")
-        run(
-            ["debootstrap", "--variant=minbase", f"--include={INCLUDE}", distro, str(build), MIRROR],
-            timeout=1800,
-        )
+        cmd = ["debootstrap", "--variant=minbase", f"--include={INCLUDE}", distro, str(build), MIRROR]
+        try:
+            run(cmd, timeout=1800)
+        except SandboxError as exc:
+            # One retry: a mirror hiccup should not fail a whole CI run.
+            log(f"debootstrap failed, retrying once: {str(exc)[-300:]}")
+            unmount_under(build)
+            remove_tree(build)
+            run(cmd, timeout=1800)
         customise(build)
         tmp = target.with_suffix(".partial")
         run(["tar", *_TAR_FLAGS, "--use-compress-program=gzip -1", "-C", str(build), "-cf", str(tmp), "."])
@@ -175,6 +181,13 @@ def _passwd_ids(root: Path, user: str) -> tuple[int, int]:
         if fields[0] == user:
             return int(fields[2]), int(fields[3])
     raise SandboxError(f"user {user} missing from {root}/etc/passwd; delete {CACHE_DIR} tarballs")
+
+
+def unmount_under(path: Path) -> None:
+    prefix = str(path).rstrip("/") + "/"
+    points = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
+        run(["umount", "-l", point], check=False)
 
 
 def remove_tree(path: Path) -> None:
