@@ -157,23 +157,28 @@ def packages() -> list[Package]:
                     files=dict(
                         [
                             ("/usr/lib/nvidia-sim/kernel-module.conf", (conf, 0o644)),
-                            ("/usr/sbin/nvidia-sim-modprobe", (render_asset("bin/nvidia-sim-modprobe"), 0o755)),
+                            (
+                                "/usr/sbin/nvidia-sim-modprobe",
+                                (render_asset("bin/nvidia-sim-modprobe"), 0o755),
+                            ),
                             (
                                 "/usr/lib/systemd/system/nvidia-sim-module.service",
                                 (render_asset("systemd/nvidia-sim-module.service"), 0o644),
                             ),
                             _doc(
                                 name,
-                                "The 'module' is a version record: nvidia-sim-module.service writes it to\n"
-                                "/run/nvidia-sim/module-version at boot, and this package's postinst does so\n"
-                                "when nothing is loaded yet. An upgrade leaves the old record in place, so\n"
-                                "nvidia-smi reports a driver/library version mismatch until the rig reboots.",
+                                "The 'module' is a version record: nvidia-sim-module.service writes\n"
+                                "it to /run/nvidia-sim/module-version at boot, and the postinst does\n"
+                                "so when nothing is loaded yet. An upgrade leaves the old record, so\n"
+                                "nvidia-smi reports a driver/library version mismatch until reboot.",
                             ),
                         ]
                     ),
                     units_enable=["nvidia-sim-module.service"],
                     # Load on a fresh install (no reboot needed); a no-op when a module is loaded.
-                    postinst_extra='if [ "$1" = configure ]; then /usr/sbin/nvidia-sim-modprobe || true; fi\n',
+                    postinst_extra=(
+                        'if [ "$1" = configure ]; then /usr/sbin/nvidia-sim-modprobe || true; fi\n'
+                    ),
                 )
             )
         pkgs.append(
@@ -186,7 +191,10 @@ def packages() -> list[Package]:
                 files=dict(
                     [
                         ("/usr/bin/nvidia-smi", (render_asset("bin/nvidia-smi", upstream), 0o755)),
-                        ("/usr/bin/nvidia-persistenced", (render_asset("bin/nvidia-persistenced", upstream), 0o755)),
+                        (
+                            "/usr/bin/nvidia-persistenced",
+                            (render_asset("bin/nvidia-persistenced", upstream), 0o755),
+                        ),
                         (
                             "/usr/lib/systemd/system/nvidia-persistenced.service",
                             (render_asset("systemd/nvidia-persistenced.service"), 0o644),
@@ -248,7 +256,10 @@ def packages() -> list[Package]:
             files=dict(
                 [
                     ("/usr/bin/nvidia-ctk", (render_asset("bin/nvidia-ctk"), 0o755)),
-                    ("/usr/bin/nvidia-container-runtime", (render_asset("bin/nvidia-container-runtime"), 0o755)),
+                    (
+                        "/usr/bin/nvidia-container-runtime",
+                        (render_asset("bin/nvidia-container-runtime"), 0o755),
+                    ),
                     ("/usr/bin/nvidia-cdi-hook", (render_asset("bin/nvidia-container-hook"), 0o755)),
                     ("/etc/nvidia-container-runtime/config.toml", (render_asset("etc/config.toml"), 0o644)),
                     (
@@ -261,7 +272,8 @@ def packages() -> list[Package]:
                     ),
                     _doc(
                         "nvidia-container-toolkit-base",
-                        "nvidia-ctk edits daemon.json like the real one; nvidia-container-runtime wraps runc.",
+                        "nvidia-ctk edits daemon.json like the real one;\n"
+                        "nvidia-container-runtime wraps runc.",
                     ),
                 ]
             ),
@@ -388,7 +400,9 @@ def _control(p: Package) -> str:
 def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[bytes]:
     res = subprocess.run(cmd, capture_output=True, check=False, **kw)  # type: ignore[call-overload]
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.decode(errors='replace')}")
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.decode(errors='replace')}"
+        )
     return res
 
 
@@ -500,7 +514,18 @@ def _ensure_key(home: Path, uid: str) -> str:
     home.mkdir(parents=True, exist_ok=True)
     home.chmod(0o700)
     # ed25519: fast to make, and accepted by gpgv (bookworm) and sqv (trixie's apt) alike.
-    _gpg(home, "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
+    _gpg(
+        home,
+        "--pinentry-mode",
+        "loopback",
+        "--passphrase",
+        "",
+        "--quick-gen-key",
+        uid,
+        "ed25519",
+        "sign",
+        "never",
+    )
     fpr = _fingerprint(home)
     if not fpr:
         raise RuntimeError(f"no key in {home} after generating one")
@@ -630,9 +655,26 @@ def _build_into(stage: Path, key_dir: Path, fprs: dict[str, str]) -> None:
         (repo_dir / "Release").write_bytes(_release(repo_dir, label))
         home = key_dir / repo
         fpr = fprs[repo]
-        sign = ["--pinentry-mode", "loopback", "--passphrase", "", "--local-user", fpr, "--digest-algo", "SHA512"]
+        sign = [
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            "--local-user",
+            fpr,
+            "--digest-algo",
+            "SHA512",
+        ]
         _gpg(home, *sign, "--clearsign", "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release"))
-        _gpg(home, *sign, "--armor", "--detach-sign", "-o", str(repo_dir / "Release.gpg"), str(repo_dir / "Release"))
+        _gpg(
+            home,
+            *sign,
+            "--armor",
+            "--detach-sign",
+            "-o",
+            str(repo_dir / "Release.gpg"),
+            str(repo_dir / "Release"),
+        )
         (repo_dir / "key.asc").write_bytes(_gpg(home, "--armor", "--export", fpr))
         _stop_agent(home)
         for path in repo_dir.iterdir():
