@@ -1,0 +1,439 @@
+"""Swap a serving release in behind the health gate, roll back on failure, keep the ledger.
+
+`release(spec)` yields NOTHING when the ledger's current release is the desired one and its
+container runs and is not unhealthy (a second deploy reports no change and leaves the container
+alone). Otherwise it yields one FunctionCommand that, on that rig only:
+
+1. resolves the secrets on the control machine and writes the release into
+   /opt/rigfleet/releases/<id>/ (compose.yaml, 0600 env file, release.json, Dockerfile and
+   entrypoint for provenance) through stdin, so no secret is ever in a process argument or log;
+2. validates it with `docker compose config -q` and refuses unless the image is on the rig,
+   before anything is stopped;
+3. stops the serving release (`docker compose down` in its dir: containers are recreated,
+   never stop/started, since a stop/start re-runs Genesis on already-patched files), starts the
+   new one with `up -d --force-recreate` and runs the gate ON the rig (rigfleet/gate/probe.py);
+4. passed: points /opt/rigfleet/current at it and records it; failed: stops it, starts the
+   previous release again, waits for it to pass the basic gate, records the failed attempt and
+   raises with the engine's last log lines (which fails this rig and no other).
+
+Downtime is measured on the rig's clock: previous release stopped -> new release answered the
+gate's chat completion. `rollback()` runs the same swap towards the ledger's previous release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host as pyinfra_host
+from pyinfra import logger
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+
+from rigfleet import gate, ledger
+from rigfleet.facts.serving import RELEASE_LABEL, RELEASES_DIR, ServingState, parse_state
+from rigfleet.ledger import LEDGER_PATH
+
+q = shlex.quote
+
+ROOT = "/opt/rigfleet"
+CURRENT_LINK = f"{ROOT}/current"
+GATE_DIR = f"{ROOT}/gate"
+ENV_FILE = "rigfleet.env"
+# Connector arguments that decide who runs a command; everything else stays per command.
+AUTH_KEYS = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user",
+             "_use_su_login", "_preserve_su_env", "_su_shell", "_su_password", "_doas", "_doas_user", "_dzdo",
+             "_dzdo_user")
+SSH_MARGIN_S = 300  # the probe bounds itself; this only guards against a hung SSH channel
+
+
+class ServingError(Exception):
+    """The swap failed on this rig; raised from the FunctionCommand, so only this rig fails."""
+
+
+class SecretError(ServingError):
+    pass
+
+
+@dataclass(frozen=True)
+class SecretSource:
+    """Where the control machine reads a secret: an environment variable or a file (absolute)."""
+
+    field: str  # the Rig field (api_key, hf_token)
+    env: str | None = None
+    path: str | None = None
+
+    def read(self) -> str:
+        if self.env is not None:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise SecretError(f"{self.field}: environment variable {self.env} is not set on the control machine")
+        else:
+            assert self.path is not None
+            try:
+                value = Path(self.path).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise SecretError(f"{self.field}: cannot read {self.path} ({exc.strerror})") from None
+        value = value.strip()
+        if not value or "\n" in value or "\r" in value:
+            raise SecretError(f"{self.field}: the secret must be one non-empty line")
+        return value
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class ReleaseSpec:
+    """Everything the swap needs, computed at plan time from the rig's model. Holds no secret:
+    `render_env(secrets)` builds the env file from values resolved at execute time."""
+
+    rig: str
+    release_id: str
+    image: str
+    files: dict[str, str]  # non-secret files of the release dir, by name
+    meta: dict[str, Any]  # release.json: what the gate and the ledger need
+    render_env: Callable[[dict[str, str]], str]
+    secrets: tuple[SecretSource, ...] = ()
+    cache_dirs: tuple[str, ...] = ()
+    level: str = "basic"
+    timeout_s: int = 600
+
+    def __repr__(self) -> str:  # pyinfra prints commands' args with -vv: keep it short and secret-free
+        return f"ReleaseSpec({self.rig}, {self.release_id})"
+
+    @property
+    def release_dir(self) -> str:
+        return f"{RELEASES_DIR}/{self.release_id}"
+
+    def resolve_secrets(self) -> dict[str, str]:
+        return {source.field: source.read() for source in self.secrets}
+
+    def env_text(self, secrets: dict[str, str]) -> str:
+        return self.render_env(secrets)
+
+
+def env_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def is_current(spec: ReleaseSpec, observed: dict[str, Any], want_env_sha256: str | None) -> tuple[bool, str]:
+    """(True, why) when nothing needs doing: the ledger's current release is the desired one, its
+    container runs and is not unhealthy, no other release runs, and the env file is unchanged."""
+    current = ledger.current_id(ledger.load(observed.get("ledger"), spec.rig))
+    if current != spec.release_id:
+        return False, f"ledger's current release is {current or 'none'}"
+    containers = observed.get("containers") or []
+    mine = [c for c in containers if c.get("release") == spec.release_id]
+    if not any(c.get("status") == "running" for c in mine):
+        return False, f"release {spec.release_id} is not running"
+    if any(c.get("health") == "unhealthy" for c in mine):
+        return False, f"release {spec.release_id} is unhealthy"
+    if any(c.get("release") != spec.release_id and c.get("status") == "running" for c in containers):
+        return False, "another release is running too"
+    if want_env_sha256 is None or observed.get("env_sha256") != want_env_sha256:
+        return False, "the env file (secrets) changed"
+    return True, f"release {spec.release_id} is current and running"
+
+
+def auth_arguments(global_arguments: dict[str, Any] | None) -> dict[str, Any]:
+    return {k: v for k, v in (global_arguments or {}).items() if k in AUTH_KEYS and v not in (None, False, "")}
+
+
+@operation(is_idempotent=True)
+def release(spec: ReleaseSpec) -> Generator[FunctionCommand, None, None]:
+    """Serve `spec`: nothing when it is current and healthy, else one gated swap (see module doc)."""
+    observed = pyinfra_host.get_fact(ServingState, release_id=spec.release_id)
+    try:
+        want = env_digest(spec.env_text(spec.resolve_secrets()))
+    except SecretError:
+        want = None  # the swap reports the missing secret, failing this rig only
+    current, why = is_current(spec, observed, want)
+    if current:
+        pyinfra_host.noop(why)
+        return
+    auth = auth_arguments(pyinfra_host.current_op_global_arguments)  # type: ignore[arg-type]
+    yield FunctionCommand(apply_release, (spec, auth), {})
+
+
+@operation(is_idempotent=False)
+def rollback(rig: str, level: str = "basic", timeout_s: int = 600) -> Generator[FunctionCommand, None, None]:
+    """Return the rig to the ledger's previous release through the same gate (always a swap)."""
+    auth = auth_arguments(pyinfra_host.current_op_global_arguments)  # type: ignore[arg-type]
+    yield FunctionCommand(apply_rollback, (rig, level, timeout_s, auth), {})
+
+
+# --- execution (on the control machine, one rig) -------------------------------------------------
+
+
+@dataclass
+class Remote:
+    """Commands on one rig as the deploy user (with the op's sudo settings)."""
+
+    host: Host
+    auth: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None) -> tuple[bool, str, str]:
+        kwargs: dict[str, Any] = dict(self.auth)
+        if stdin is not None:
+            kwargs["_stdin"] = stdin
+        if timeout is not None:
+            kwargs["_timeout"] = int(timeout)
+        ok, output = self.host.run_shell_command(StringCommand(command), **kwargs)
+        return bool(ok), "\n".join(output.stdout_lines), "\n".join(output.stderr_lines)
+
+    def must(self, command: str, what: str, **kwargs: Any) -> str:
+        ok, out, err = self.run(command, **kwargs)
+        if not ok:
+            raise ServingError(f"{what}: {(err or out).strip()[-600:]}")
+        return out
+
+    def write(self, path: str, text: str, mode: str) -> None:
+        """Atomic write through stdin: temp file (0600 from mktemp) in the same dir, chmod, rename."""
+        directory = os.path.dirname(path)
+        self.must(
+            f'set -e; t=$(mktemp {q(directory)}/.rigfleet.XXXXXX); cat > "$t"; chmod {mode} "$t"; '
+            f'mv -f "$t" {q(path)}',
+            f"writing {path}", stdin=text if text.endswith("\n") else text + "\n")
+
+    def observe(self, release_id: str = "") -> dict[str, Any]:
+        ok, out, _ = self.run(ServingState().command(release_id))
+        return parse_state(out.splitlines()) if ok else parse_state([])
+
+    def epoch(self) -> float:
+        return float(self.must("date +%s.%N", "reading the rig's clock").strip())
+
+    def compose(self, release_dir: str, args: str, what: str) -> str:
+        return self.must(f"cd {q(release_dir)} && docker compose {args}", what)
+
+    def gate(self, release_dir: str, level: str, timeout_s: int) -> dict[str, Any]:
+        budget = timeout_s * (2 if level == "full" else 1) + SSH_MARGIN_S
+        command = f"python3 {GATE_DIR}/probe.py {q(release_dir)} --level {q(level)} --timeout {int(timeout_s)}"
+        try:
+            _, out, err = self.run(command, timeout=budget)
+        except Exception as exc:  # a hung channel or a dropped connection is a failed gate, not a crash
+            return {"ok": False, "level": level, "checks": [
+                {"name": "gate", "ok": False, "warning": False, "detail": f"{type(exc).__name__}: {exc}"}]}
+        result = gate.parse_output(out)
+        if not out.strip() and err.strip():
+            result["checks"][0]["detail"] += " | " + err.strip()[-300:]
+        return result
+
+    def log_tail(self, container: str, lines: int = 40) -> list[str]:
+        _, out, _ = self.run(f"docker logs --tail {lines} {q(container)} 2>&1")
+        return out.splitlines()[-lines:]
+
+
+def _say(host: Host, message: str, **style: Any) -> None:
+    host.log_styled(message, log_func=logger.warning if style.get("fg") == "red" else logger.info, **style)
+
+
+def install_gate(remote: Remote) -> None:
+    remote.must(f"mkdir -p {GATE_DIR}", "creating the gate dir")
+    for name, text in gate.rig_files().items():
+        remote.write(f"{GATE_DIR}/{name}", text, "0644")
+
+
+def write_release(remote: Remote, spec: ReleaseSpec, env_text: str) -> None:
+    dirs = " ".join(q(d) for d in (ROOT, RELEASES_DIR, GATE_DIR, os.path.dirname(LEDGER_PATH), *spec.cache_dirs))
+    remote.must(f"mkdir -p {dirs} && install -d -m 0750 {q(spec.release_dir)}", "creating the release dirs")
+    for name, text in spec.files.items():
+        remote.write(f"{spec.release_dir}/{name}", text, "0640")
+    remote.write(f"{spec.release_dir}/{ENV_FILE}", env_text, "0600")
+    remote.write(f"{spec.release_dir}/release.json", json.dumps(spec.meta, indent=2, sort_keys=True), "0644")
+    install_gate(remote)
+
+
+def refuse_unless_ready(remote: Remote, release_dir: str, image: str) -> None:
+    """Checks that must pass before anything is stopped."""
+    remote.must(f"cd {q(release_dir)} && docker compose config -q", f"docker compose config rejected {release_dir}")
+    ok, _, _ = remote.run(f"docker image inspect {q(image)} >/dev/null 2>&1")
+    if not ok:
+        raise ServingError(f"image {image} is not on the rig (the vllm_image role builds it): refusing to stop "
+                           "the serving release")
+
+
+def link_current(remote: Remote, release_dir: str) -> None:
+    tmp = f"{ROOT}/.current.tmp"
+    remote.must(f"ln -sfn {q(release_dir)} {q(tmp)} && mv -T {q(tmp)} {q(CURRENT_LINK)}",
+                f"pointing {CURRENT_LINK} at {release_dir}")
+
+
+def read_meta(remote: Remote, release_id: str) -> dict[str, Any] | None:
+    ok, out, _ = remote.run(f"cat {q(f'{RELEASES_DIR}/{release_id}/release.json')}")
+    if not ok:
+        return None
+    try:
+        meta = json.loads(out)
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def stop_others(remote: Remote, observed: dict[str, Any], keep: str) -> tuple[bool, list[str]]:
+    """Stop every rigfleet container not of release `keep` (compose down in its dir when it has
+    one). Returns (something was running, what was stopped)."""
+    was_running = False
+    stopped: list[str] = []
+    by_release: dict[str, list[dict[str, Any]]] = {}
+    for c in observed.get("containers") or []:
+        if c.get("release") != keep:
+            by_release.setdefault(str(c.get("release")), []).append(c)
+    for rid, containers in by_release.items():
+        was_running |= any(c.get("status") in ("running", "restarting") for c in containers)
+        directory = f"{RELEASES_DIR}/{rid}"
+        ok, _, _ = remote.run(f"test -f {q(directory)}/compose.yaml")
+        if ok:
+            remote.compose(directory, "down", f"stopping release {rid}")
+        else:  # a container whose release dir is gone: remove it by id
+            ids = " ".join(q(c["id"]) for c in containers)
+            remote.must(f"docker rm -f {ids}", f"removing containers of release {rid}")
+        stopped.append(rid)
+    return was_running, stopped
+
+
+@dataclass
+class Swap:
+    """One swap on one rig: towards `target` (a release dir with release.json), back to
+    `fallback` on failure."""
+
+    host: Host
+    remote: Remote
+    rig: str
+    kind: str  # deploy | rollback
+    target: dict[str, Any]  # the target's release.json
+    level: str
+    timeout_s: int
+
+    @property
+    def target_id(self) -> str:
+        return str(self.target["release_id"])
+
+    @property
+    def target_dir(self) -> str:
+        return f"{RELEASES_DIR}/{self.target_id}"
+
+    def run(self, book: dict[str, Any], fallback: str | None, started: str) -> None:
+        remote, host = self.remote, self.host
+        record = ledger.attempt(self.kind, self.target, started, from_release=fallback)
+        try:
+            refuse_unless_ready(remote, self.target_dir, str(self.target["image"]))
+        except ServingError as exc:
+            remote.write(LEDGER_PATH, ledger.dumps(ledger.record(book, ledger.finish(record, "refused",
+                                                                                     error=str(exc)))), "0644")
+            raise
+        observed = remote.observe(self.target_id)
+        was_running, stopped = stop_others(remote, observed, keep=self.target_id)
+        stopped_at = remote.epoch() if was_running else None
+        if stopped:
+            _say(host, f"stopped release {', '.join(stopped)}")
+        try:
+            remote.compose(self.target_dir, "up -d --force-recreate --remove-orphans",
+                           f"starting release {self.target_id}")
+            result = remote.gate(self.target_dir, self.level, self.timeout_s)
+        except ServingError as exc:
+            result = {"ok": False, "level": self.level, "checks": [
+                {"name": "start", "ok": False, "warning": False, "detail": str(exc)}]}
+        downtime = _downtime(stopped_at, result)
+        if result.get("ok"):
+            link_current(remote, self.target_dir)
+            record = ledger.finish(record, "passed", gate=result, downtime_s=downtime)
+            book = ledger.record(book, record, became_current=ledger.entry(self.target, result, downtime))
+            remote.write(LEDGER_PATH, ledger.dumps(book), "0644")
+            for warning in gate.warnings(result):
+                _say(host, f"gate warning: {warning}", fg="yellow")
+            _say(host, f"release {self.target_id} serving ({self.kind}); gate {self.level} "
+                       f"{gate.summary(result)}; KV pool {result.get('kv_pool_tokens')} tokens", fg="green")
+            _say(host, "downtime: " + (f"{downtime:.1f} s (previous stopped -> new healthy)" if downtime is not None
+                                      else "none (no release was serving)"), fg="green")
+            return
+        self.fail(book, record, result, fallback, stopped_at)
+
+    def fail(self, book: dict[str, Any], record: dict[str, Any], result: dict[str, Any], fallback: str | None,
+             stopped_at: float | None) -> None:
+        remote, host = self.remote, self.host
+        container = str(self.target.get("container_name"))
+        tail = [str(line) for line in result.get("log_tail") or []] or remote.log_tail(container)
+        _say(host, f"release {self.target_id} failed the {self.level} gate: {gate.summary(result)}", fg="red")
+        remote.run(f"cd {q(self.target_dir)} && docker compose down")
+        restored, restore_ok, downtime = None, None, None
+        if fallback:
+            restored = fallback
+            fallback_dir = f"{RELEASES_DIR}/{fallback}"
+            try:
+                remote.compose(fallback_dir, "up -d --force-recreate --remove-orphans", f"restarting {fallback}")
+                again = remote.gate(fallback_dir, "basic", self.timeout_s)
+            except ServingError as exc:
+                again = {"ok": False, "checks": [{"name": "restart", "ok": False, "detail": str(exc)}]}
+            restore_ok = bool(again.get("ok"))
+            downtime = _downtime(stopped_at, again)
+            if restore_ok:
+                link_current(remote, fallback_dir)
+        record = ledger.finish(record, "failed", gate=result, downtime_s=downtime, log_tail=tail,
+                               error=gate.summary(result), restored=restored, restore_ok=restore_ok)
+        remote.write(LEDGER_PATH, ledger.dumps(ledger.record(book, record)), "0644")
+        if fallback is None:
+            after = "no previous release to return to; nothing is serving"
+        elif restore_ok:
+            after = f"previous release {fallback} is serving again (downtime {downtime:.1f} s)" if downtime \
+                else f"previous release {fallback} is serving again"
+        else:
+            after = f"previous release {fallback} did NOT come back healthy: {gate.summary(again)}"
+        _say(host, after, fg="yellow" if restore_ok else "red")
+        log = "\n".join(f"    {line}" for line in tail[-20:])
+        raise ServingError(f"{self.rig}: release {self.target_id} failed the {self.level} gate "
+                           f"({gate.summary(result)}); {after}.\n  engine log (last lines):\n{log}")
+
+
+def _downtime(stopped_at: float | None, result: dict[str, Any]) -> float | None:
+    ready = result.get("ready_epoch")
+    if stopped_at is None or not isinstance(ready, (int, float)):
+        return None
+    return max(0.0, float(ready) - stopped_at)
+
+
+def serving_release(book: dict[str, Any], observed: dict[str, Any], remote: Remote, exclude: str) -> str | None:
+    """The release to return to on failure: the ledger's current one, else the running container's."""
+    candidates = [ledger.current_id(book)]
+    candidates += [c.get("release") for c in observed.get("containers") or [] if c.get("status") == "running"]
+    for rid in candidates:
+        if rid and rid != exclude and read_meta(remote, rid) is not None:
+            return str(rid)
+    return None
+
+
+def apply_release(state: State, host: Host, spec: ReleaseSpec, auth: dict[str, Any]) -> None:
+    """The FunctionCommand of `release`: write, validate, swap, gate, record (module doc)."""
+    remote = Remote(host, auth)
+    started = ledger.now()
+    env_text = spec.env_text(spec.resolve_secrets())  # before anything is touched
+    observed = remote.observe(spec.release_id)
+    book = ledger.load(observed.get("ledger"), spec.rig)
+    write_release(remote, spec, env_text)
+    fallback = serving_release(book, observed, remote, exclude=spec.release_id)
+    Swap(host, remote, spec.rig, "deploy", spec.meta, spec.level, spec.timeout_s).run(book, fallback, started)
+
+
+def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: int, auth: dict[str, Any]) -> None:
+    """The FunctionCommand of `rollback`: swap to the ledger's previous release, same gate."""
+    remote = Remote(host, auth)
+    started = ledger.now()
+    observed = remote.observe()
+    book = ledger.load(observed.get("ledger"), rig)
+    target_id = ledger.previous_id(book)
+    if target_id is None:
+        raise ServingError(f"{rig}: the ledger has no previous release to roll back to")
+    meta = read_meta(remote, target_id)
+    if meta is None:
+        raise ServingError(f"{rig}: release {target_id} is not on the rig any more ({RELEASES_DIR}/{target_id})")
+    install_gate(remote)  # the gate of this rigfleet version, whatever wrote the release
+    fallback = serving_release(book, observed, remote, exclude=target_id)
+    Swap(host, remote, rig, "rollback", meta, level, timeout_s).run(book, fallback, started)
+
+
+__all__ = ["RELEASE_LABEL", "ReleaseSpec", "SecretSource", "ServingError", "apply_release", "apply_rollback",
+           "is_current", "release", "rollback"]
