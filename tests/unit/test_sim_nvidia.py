@@ -485,23 +485,21 @@ def test_packages_install_upgrade_purge_with_real_apt(
     probe.mkdir()
     for sub in ("cuda", "toolkit"):
         shutil.copy(www / "nvidia" / sub / "key.asc", probe / f"{sub}.asc")
-    mounts = []
-    try:
-        for fs in ("proc", "dev"):
-            subprocess.run(["mount", "--bind", f"/{fs}", str(root / fs)], check=True)
-            mounts.append(root / fs)
-        with _serve(www) as port:
-            script = (
-                INSTALL_SCRIPT.replace("PORT", str(port))
-                .replace("OLD", OLD)
-                .replace("NEW", NEW)
-                .replace("TK", "1.18.0-1")
-            )
-            res = subprocess.run(["chroot", str(root), "sh", "-c", script], capture_output=True, text=True)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    finally:
-        for m in reversed(mounts):
-            subprocess.run(["umount", "-l", str(m)], check=False)
+    with _serve(www) as port:
+        script = (
+            INSTALL_SCRIPT.replace("PORT", str(port))
+            .replace("OLD", OLD)
+            .replace("NEW", NEW)
+            .replace("TK", "1.18.0-1")
+        )
+        # A private mount namespace: the /proc and /dev mounts vanish with it, even if killed.
+        mounts = 'mount --bind /proc "$1/proc" && mount --bind /dev "$1/dev" && exec chroot "$1" sh -c "$2"'
+        res = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", mounts, "sh", str(root), script],
+            capture_output=True,
+            text=True,
+        )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     results = {p.name: p.read_text() for p in probe.glob("*.out")} | {
         "rc": (probe / "mismatch.rc").read_text()
     }
