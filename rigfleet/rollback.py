@@ -18,6 +18,7 @@ from rigfleet import ledger, runner
 from rigfleet.cli import _warn, load_checked, main, user_errors
 from rigfleet.facts.serving import ServingState
 from rigfleet.loader import Fleet
+from rigfleet.paths import REPO_ROOT
 
 FAILED = 1
 
@@ -56,6 +57,8 @@ def rollback(rig: str, level: str | None) -> None:
     fleet, warnings = load_checked()
     _warn(warnings)
     fleet.rig(rig)  # an unknown name is an input error, before anything is contacted
+    if str(REPO_ROOT) not in sys.path:  # roles/ sits next to the package, not inside it
+        sys.path.insert(0, str(REPO_ROOT))
     from roles.serving import serving_rollback
 
     before, _ = runner.read_facts(fleet, [rig], ServingState)
