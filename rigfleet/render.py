@@ -49,9 +49,13 @@ def render(template: str, **context: Any) -> str:
 
 def image_context(pinset: PinSet) -> dict[str, Any]:
     base = pinset.base_image
+    pinned = f"{base.ref}@{base.digest}" if base.digest else base.ref
     return {
         "pinset": pinset,
-        "base_ref": f"{base.ref}@{base.digest}" if base.digest else base.ref,
+        "base_ref": pinned,
+        # `docker load` keeps no repo digest, so an archive base is built FROM its tag; the
+        # vllm_image role checks the loaded image ID against the digest right before the build.
+        "from_ref": base.ref if base.archive else pinned,
         "python_deps": sorted(pinset.python_deps.items()),
         "overlay_summary": ",".join(
             f"{o.name}:{f.target}@{f.sha256 or 'unverified'}" for o in pinset.overlays for f in o.files

@@ -1,0 +1,355 @@
+"""Operations that build the patched vLLM image on a rig, one verified step at a time.
+
+Every operation first asks whether the content-tagged image already exists and is a no-op when
+it does (facts are re-read at execute time, so a tag that appears mid-run, e.g. pulled from the
+fleet registry, skips the remaining steps). Inputs are verified as they land in the build dir:
+overlays by sha256, Genesis by full commit SHA (git) or sha256 (tarball), the base image by its
+digest after `docker load`. A failed check is a failing command with one clear line: that rig
+fails, the others carry on, and nothing was stopped (serving runs after this role).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Generator
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
+
+from rigfleet.facts.image import STAMP_DIR, BuildStamps, DockerImageInfo
+from rigfleet.operations.shell import LOG_DIR, q, script, sha256_of
+from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
+
+# what an operation generator yields (pyinfra types @operation() functions as Generators)
+Commands = Generator[Any, None, None]
+
+BUILD_ROOT = "/var/lib/rigfleet/build"
+# One JSON line per image built on this rig: the fleet layer counts builds from it.
+BUILDS_LEDGER = "/var/lib/rigfleet/image-builds.jsonl"
+TARBALL = re.compile(r"\.(tar|tar\.gz|tgz|tar\.xz|txz|tar\.bz2|tar\.zst)$")
+
+
+def _safe(tag: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", tag)
+
+
+def build_dir(tag: str) -> str:
+    return f"{BUILD_ROOT}/{_safe(tag)}"
+
+
+def build_log(tag: str) -> str:
+    return f"{LOG_DIR}/image-build-{_safe(tag)}.log"
+
+
+def is_local(source: str) -> bool:
+    """A path or file:// URL names a file on the control machine (uploaded to the rig)."""
+    return source.startswith("/") or source.startswith("file://")
+
+
+def local_path(source: str) -> Path:
+    return Path(source.removeprefix("file://"))
+
+
+def is_tarball(source: str) -> bool:
+    return bool(TARBALL.search(source.split("?", 1)[0]))
+
+
+def _image_exists(tag: str) -> bool:
+    return host.get_fact(DockerImageInfo, ref=tag) is not None
+
+
+def base_matches(info: dict[str, Any] | None, digest: str | None) -> bool:
+    """A local image is the pinned base when its ID or one of its repo digests is the pin's digest."""
+    if info is None:
+        return False
+    if digest is None:
+        return True
+    return info.get("id") == digest or any(d.endswith(f"@{digest}") for d in info.get("repo_digests", []))
+
+
+def _stamp(build: str, step: str, value: str) -> str:
+    return f"mkdir -p {q(f'{build}/{STAMP_DIR}')} && printf '%s\\n' {q(value)} > {q(f'{build}/{STAMP_DIR}/{step}')}"
+
+
+@operation()
+def pulled_from_registry(tag: str, registry: str) -> Commands:
+    """Take the image from the fleet registry when another rig built it already (a pin is built
+    once per fleet); a miss is not an error, the build steps that follow make it here."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    remote = f"{registry}/{tag}"
+    yield script(
+        f"image {tag}: try the fleet registry", build_log(tag),
+        f"if docker pull {q(remote)} >>\"$LOG\" 2>&1; then",
+        f"  docker tag {q(remote)} {q(tag)}",
+        f"  say {q(f'image {tag}: pulled from the fleet registry {registry}')}",
+        "else",
+        f"  say {q(f'image {tag}: not in the fleet registry {registry}; building it here')}",
+        "fi",
+    )
+
+
+@operation()
+def overlay_fetched(tag: str, overlay: str, file: OverlayFile) -> Commands:
+    """Fetch one overlay file into the build dir and check its sha256 before anything else."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    dest = f"{build_dir(tag)}/overlays/{file.target}"
+    if file.sha256 and host.get_fact(Sha256File, path=dest) == file.sha256:
+        host.noop(f"overlay {overlay}: {file.target} already fetched and verified")
+        return
+    what = f"overlay {overlay} file {file.target}"
+    lines = [f'DEST={q(dest)}', 'mkdir -p "$(dirname "$DEST")"']
+    if is_local(file.source):
+        src = local_path(file.source)
+        if not src.is_file():
+            yield script(f"image {tag}: {what}", build_log(tag),
+                         f"fail {q(f'{what}: {src} not found on the control machine')}")
+            return
+        yield FileUploadCommand(str(src), f"{dest}.part")
+    else:
+        lines += ['rm -f "$DEST.part"', f"fetch {q(file.source)} \"$DEST\" {q(what)}"]
+    lines.append(f'actual={sha256_of(chr(34) + "$DEST.part" + chr(34))}')
+    if file.sha256:
+        mismatch = (f"{what}: sha256 mismatch: expected {file.sha256}, got $actual (from {file.source}); "
+                    "refusing to build; nothing was stopped")
+        lines += [
+            f'if [ "$actual" != {q(file.sha256)} ]; then rm -f "$DEST.part"; fail "{_dq(mismatch)}"; fi',
+            f'note "{_dq(what)}: sha256 $actual verified"',
+        ]
+    else:
+        # the guard already warned: the pin set carries no hash for this file
+        lines.append(f'say "{_dq(what)}: UNVERIFIED (no sha256 in the pin set), got sha256 $actual"')
+    lines.append('mv -f "$DEST.part" "$DEST"')
+    yield script(f"image {tag}: {what}", build_log(tag), *lines)
+
+
+def _dq(text: str) -> str:
+    """Escape for a double-quoted shell string where $actual-style expansions are wanted."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+
+
+@operation()
+def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
+    """Genesis at the pinned full SHA into build/genesis (no .git): a git clone checked out
+    detached and verified with rev-parse, or a tarball verified by sha256 (and by the commit id
+    `git archive` embeds, when present)."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    build = build_dir(tag)
+    if host.get_fact(BuildStamps, build_dir=build).get("genesis") == genesis.commit:
+        host.noop(f"Genesis {genesis.commit[:12]} already in the build dir")
+        return
+    sha, src = genesis.commit, genesis.source
+    common = [f"G={q(build + '/genesis')}", 'rm -rf "$G" "$G.tmp"']
+    tail = [
+        f'[ -d "$G.tmp/vllm/_genesis" ] || fail "Genesis from {_dq(src)} at {sha} has no vllm/_genesis '
+        '(not a Genesis v7 tree)"',
+        'mv "$G.tmp" "$G"',
+        _stamp(build, "genesis", sha),
+        f"say {q(f'Genesis {sha} from {src} verified')}",
+    ]
+    if not is_tarball(src):
+        yield script(
+            f"image {tag}: Genesis {sha[:12]} (git)", build_log(tag), *common,
+            f"note {q(f'genesis: clone {src}')}",
+            f'git clone --quiet --no-checkout {q(src)} "$G.tmp" >>"$LOG" 2>&1 '
+            f'|| fail {q(f"Genesis: cannot clone {src}")}',
+            f'git -C "$G.tmp" -c advice.detachedHead=false checkout --quiet --detach {sha} >>"$LOG" 2>&1 '
+            f'|| fail {q(f"Genesis: commit {sha} is not in {src}")}',
+            'head=$(git -C "$G.tmp" rev-parse HEAD)',
+            f'[ "$head" = {sha} ] || fail "Genesis: HEAD is $head after checkout, the pin set says {sha}"',
+            'rm -rf "$G.tmp/.git"',
+            *tail,
+        )
+        return
+    ext = TARBALL.search(src.split("?", 1)[0])
+    tarball = f"{build}/genesis{ext.group(0) if ext else '.tar'}"
+    if genesis.sha256 is None:
+        yield script(f"image {tag}: Genesis tarball", build_log(tag),
+                     f"fail {q(f'Genesis tarball {src} has no sha256 in the pin set; add genesis.sha256')}")
+        return
+    if is_local(src):
+        path = local_path(src)
+        if not path.is_file():
+            yield script(f"image {tag}: Genesis tarball", build_log(tag),
+                         f"fail {q(f'Genesis tarball {path} not found on the control machine')}")
+            return
+        yield FileUploadCommand(str(path), f"{tarball}.part")
+        fetch = []
+    else:
+        fetch = [f'rm -f {q(tarball + ".part")}', f"fetch {q(src)} {q(tarball)} 'Genesis tarball'"]
+    yield script(
+        f"image {tag}: Genesis {sha[:12]} (tarball)", build_log(tag), *common, *fetch,
+        f"T={q(tarball + '.part')}",
+        f'actual={sha256_of(chr(34) + "$T" + chr(34))}',
+        f'[ "$actual" = {genesis.sha256} ] || {{ rm -f "$T"; fail "Genesis tarball {_dq(src)}: sha256 mismatch: '
+        f'expected {genesis.sha256}, got $actual; refusing to build"; }}',
+        # git archive writes the commit id into the tar header: when it is there it must match
+        'case "$T" in *gz*) cat_=zcat;; *xz*) cat_=xzcat;; *bz2*) cat_=bzcat;; *zst*) cat_=zstdcat;; '
+        '*) cat_=cat;; esac',
+        'embedded=$($cat_ "$T" 2>/dev/null | git get-tar-commit-id 2>/dev/null || true)',
+        f'[ -z "$embedded" ] || [ "$embedded" = {sha} ] || fail "Genesis tarball {_dq(src)} was made from commit '
+        f'$embedded, the pin set says {sha}"',
+        'mkdir -p "$G.tmp" && tar -xf "$T" -C "$G.tmp"',
+        # a single top-level directory (GitHub's repo-<sha>/) is the tree itself
+        'set -- "$G.tmp"/*',
+        'if [ "$#" -eq 1 ] && [ -d "$1" ] && [ ! -d "$G.tmp/vllm" ]; then mv "$1" "$G.inner" && rmdir "$G.tmp" '
+        '&& mv "$G.inner" "$G.tmp"; fi',
+        'rm -f "$T"',
+        *tail,
+    )
+
+
+@operation()
+def base_image_present(tag: str, base: ImageRef) -> Commands:
+    """The pinned base image, checked against its digest: loaded from an archive (the image ID or
+    a repo digest must equal base.digest after `docker load`) or pulled by digest."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    if base_matches(host.get_fact(DockerImageInfo, ref=base.ref), base.digest) and base.digest:
+        host.noop(f"base image {base.ref} present at {base.digest}")
+        return
+    log = build_log(tag)
+    digest = base.digest or ""
+    verify = [
+        f"id=$(docker image inspect --format '{{{{.Id}}}}' {q(base.ref)} 2>/dev/null || true)",
+        f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {q(base.ref)} "
+        "2>/dev/null || true)",
+        f'[ -n "$id" ] || fail "base image: {base.ref} is not on the rig after loading/pulling it"',
+    ]
+    if digest:
+        verify += [
+            f'case " $id $digests " in *" {digest} "*|*"@{digest} "*) ;; *)',
+            f"  docker image rm {q(base.ref)} >/dev/null 2>&1 || true",
+            f'  fail "base image: {base.ref} is $id (repo digests: ${{digests:-none}}), the pin set says {digest}; '
+            'refusing to build on it";;',
+            "esac",
+            f'say "base image: {base.ref} verified ($id)"',
+        ]
+    else:
+        verify.append(f'say "base image: {base.ref} is $id (UNVERIFIED: no digest in the pin set)"')
+    if base.archive:
+        archive = f"{build_dir(tag)}/base-image.tar"
+        if is_local(base.archive):
+            path = local_path(base.archive)
+            if not path.is_file():
+                yield script(f"image {tag}: base image", log,
+                             f"fail {q(f'base image archive {path} not found on the control machine')}")
+                return
+            yield FileUploadCommand(str(path), f"{archive}.part")
+            fetch = []
+        else:
+            fetch = [f"fetch {q(base.archive)} {q(archive)} 'base image archive'"]
+        yield script(
+            f"image {tag}: base image {base.ref} (archive)", log,
+            f'mkdir -p {q(build_dir(tag))}', *fetch,
+            f"say {q(f'base image: docker load {base.archive}')}",
+            f'docker load -i {q(archive + ".part")} >>"$LOG" 2>&1 || {{ rm -f {q(archive + ".part")}; '
+            f'fail {q(f"base image: docker load of {base.archive} failed (see {log})")}; }}',
+            f"rm -f {q(archive + '.part')}",
+            *verify,
+        )
+        return
+    ref = f"{base.ref}@{digest}" if digest else base.ref
+    yield script(
+        f"image {tag}: base image {ref} (pull)", log,
+        f"say {q(f'base image: docker pull {ref}')}",
+        f'docker pull {q(ref)} >>"$LOG" 2>&1 || fail {q(f"base image: docker pull {ref} failed (see {log})")}',
+        *([f"docker tag {q(ref)} {q(base.ref)}"] if digest else []),
+        *verify,
+    )
+
+
+def deps_hash(deps: dict[str, str], index_url: str | None) -> str:
+    return hashlib.sha256(json.dumps([sorted(deps.items()), index_url]).encode()).hexdigest()[:16]
+
+
+@operation()
+def wheels_fetched(tag: str, from_ref: str, deps: dict[str, str], index_url: str | None = None
+                   ) -> Commands:
+    """Download the pinned Python deps as wheels into build/wheels with the base image's own pip
+    (its Python and platform tags are the ones that must match), so the image installs them with
+    --no-index and a container boot needs no network."""
+    if not deps:
+        host.noop("no python deps to bake")
+        return
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    build = build_dir(tag)
+    wanted = deps_hash(deps, index_url)
+    if host.get_fact(BuildStamps, build_dir=build).get("wheels") == wanted:
+        host.noop("wheels already downloaded")
+        return
+    pins = " ".join(q(f"{name}=={version}") for name, version in sorted(deps.items()))
+    index = f" --index-url {q(index_url)}" if index_url else ""
+    yield script(
+        f"image {tag}: python deps as wheels", build_log(tag),
+        f'W={q(build + "/wheels")}', 'rm -rf "$W" && mkdir -p "$W"',
+        f"say {q('python deps: pip download ' + ' '.join(f'{n}=={v}' for n, v in sorted(deps.items())))}",
+        f'docker run --rm --entrypoint python3 -v "$W:/wheels" {q(from_ref)} -m pip download --no-cache-dir '
+        f'--only-binary=:all: --dest /wheels{index} {pins} >>"$LOG" 2>&1 '
+        f'|| fail "python deps: pip download failed (see $LOG)"',
+        _stamp(build, "wheels", wanted),
+    )
+
+
+@operation()
+def context_files(tag: str, rendered: dict[str, str]) -> Commands:
+    """The rendered Dockerfile and entrypoint, and the directories the Dockerfile COPYs."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    build = build_dir(tag)
+    yield StringCommand(f"mkdir -p {q(build + '/overlays')} {q(build + '/genesis')}")
+    for name, text in sorted(rendered.items()):
+        mode = "0755" if name.endswith(".sh") else "0644"
+        yield from files.put._inner(src=StringIO(text), dest=f"{build}/{name}", mode=mode)
+
+
+@operation()
+def image_built(tag: str, labels: dict[str, str], registry: str | None = None) -> Commands:
+    """`docker build -t TAG` of the verified build dir; one ledger line per build; the build dir
+    is removed after a successful build (a failed one keeps it, with its verified steps, for the
+    rerun). Pushes to the fleet registry when there is one (a failed push only warns)."""
+    if _image_exists(tag):
+        host.noop(f"image {tag} exists")
+        return
+    build, log = build_dir(tag), build_log(tag)
+    label_args = " ".join(f"--label {q(f'{k}={v}')}" for k, v in sorted(labels.items()))
+    push = []
+    if registry:
+        remote = f"{registry}/{tag}"
+        push = [
+            f"if docker tag {q(tag)} {q(remote)} && docker push {q(remote)} >>\"$LOG\" 2>&1; then",
+            f"  say {q(f'image {tag}: pushed to the fleet registry {registry}')}",
+            f"else echo {q(f'rigfleet: warning: push of {remote} failed (see {log}); other rigs will build it')}"
+            " >&2; fi",
+        ]
+    yield script(
+        f"image {tag}: docker build", log,
+        'started=$(date -u +%Y-%m-%dT%H:%M:%SZ); t0=$(date +%s)',
+        f"say {q(f'image {tag}: docker build (log: {log})')}",
+        f'docker build --pull=false -t {q(tag)} --label "io.rigfleet.built-at=$started" '
+        f'--label "io.rigfleet.built-on=$(hostname)" {label_args} {q(build)} >>"$LOG" 2>&1 || {{ '
+        f'tail -n 30 "$LOG" >&2; fail {q(f"image {tag}: docker build failed (last lines above; full log {log})")}; }}',
+        "id=$(docker image inspect --format '{{.Id}}' " + q(tag) + ")",
+        f"mkdir -p {q(str(Path(BUILDS_LEDGER).parent))}",
+        "printf '{\"tag\":\"%s\",\"id\":\"%s\",\"started\":\"%s\",\"finished\":\"%s\",\"seconds\":%s}\\n' "
+        f'{q(tag)} "$id" "$started" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(( $(date +%s) - t0 ))" >> {q(BUILDS_LEDGER)}',
+        f"rm -rf {q(build)}",
+        f'say "image {tag}: built ($id)"',
+        *push,
+    )

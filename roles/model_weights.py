@@ -1,0 +1,81 @@
+"""model_weights role: the variant's weights in MODEL_DIR/<subdir>, fetched once and verified,
+and the variant's chat template where the compose mounts it.
+
+Source: weights_source.url (a fleet mirror of MODEL_DIR over HTTP: <url>/<subdir>/SHA256SUMS
+lists the files) or, without one, the Hugging Face hub (the catalog's hf_repo; the token from the
+rig's hf_token SecretRef, read on the control machine and sent to the rig on stdin only).
+When the stamp says every file is verified and untouched (and the chat template is in place)
+the role adds no operation at all.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.files import File
+from pyinfra.facts.server import Which
+from pyinfra.operations import apt, files
+
+from rigfleet import catalog
+from rigfleet.context import RigContext
+from rigfleet.facts.weights import WeightsState
+from rigfleet.operations import weights
+from rigfleet.schema import SecretRef
+
+
+def weights_spec(ctx: RigContext) -> dict[str, Any]:
+    return dict(catalog.models()[ctx.variant.model]["weights"][ctx.variant.weights])
+
+
+def read_secret(ctx: RigContext, ref: SecretRef) -> tuple[str | None, str | None]:
+    """(value, None) or (None, why not): a missing secret fails this rig, not the whole run."""
+    if ref.env:
+        value = os.environ.get(ref.env)
+        return (value.strip(), None) if value else (None, f"hf_token: environment variable {ref.env} is not set "
+                                                           "on the control machine")
+    path = ctx.fleet.path(ref.file)
+    try:
+        return path.read_text(encoding="utf-8").strip(), None  # type: ignore[union-attr]
+    except OSError as exc:
+        return None, f"hf_token: cannot read {path} on the control machine ({exc.strerror})"
+
+
+@deploy("model_weights")
+def model_weights(ctx: RigContext) -> None:
+    rig, variant = ctx.rig, ctx.variant
+    spec = weights_spec(ctx)
+    subdir = spec["subdir"]
+    dest = f"{rig.model_dir}/{subdir}"
+    template = f"{rig.model_dir}/chat-templates/{variant.chat_template}.jinja" if variant.chat_template else None
+
+    # Plan-time branch: nothing earlier in a deploy touches weights; the operations re-check.
+    state = host.get_fact(WeightsState, dest=dest, stamp=weights.stamp_path(rig.model_dir, subdir))
+    verified = weights.is_verified(state)
+    if verified and (template is None or host.get_fact(File, path=template)):
+        return
+
+    mirror = rig.weights_source.url
+    tools = ["curl"] if mirror else ["curl", "python3"]
+    if any(host.get_fact(Which, command=tool) is None for tool in tools):
+        apt.packages(name="Tools the weights fetch needs", packages=[*tools, "ca-certificates"], update=True,
+                     cache_time=3600)
+    files.directory(name=f"Weights dir {dest}", path=dest, mode="0755")
+
+    if mirror:
+        weights.mirror_weights(name=f"Weights {subdir} from {mirror}", dest=dest, url=mirror,
+                               model_dir=rig.model_dir, subdir=subdir)
+    else:
+        token, error = read_secret(ctx, rig.hf_token) if rig.hf_token else (None, None)
+        revision = str(spec.get("revision") or "main")
+        weights.hub_weights(name=f"Weights {subdir} from the hub ({spec['hf_repo']})", dest=dest,
+                            repo=spec["hf_repo"], revision=revision, model_dir=rig.model_dir, subdir=subdir,
+                            token_error=error, _stdin=f"{token or ''}\n")
+
+    if variant.chat_template:
+        weights.chat_template_placed(
+            name=f"Chat template {variant.chat_template}", model_dir=rig.model_dir, template=variant.chat_template,
+            weights_dir=dest, mirror_root=weights.mirror_root_url(mirror, subdir) if mirror else None,
+        )
