@@ -115,6 +115,7 @@ def overlay_fetched(tag: str, overlay: str, file: OverlayFile) -> Commands:
             yield script(f"image {tag}: {what}", build_log(tag),
                          f"fail {q(f'{what}: {src} not found on the control machine')}")
             return
+        yield StringCommand(f"mkdir -p {q(str(Path(dest).parent))}")
         yield FileUploadCommand(str(src), f"{dest}.part")
     else:
         lines += ['rm -f "$DEST.part"', f"fetch {q(file.source)} \"$DEST\" {q(what)}"]
@@ -185,6 +186,7 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
             yield script(f"image {tag}: Genesis tarball", build_log(tag),
                          f"fail {q(f'Genesis tarball {path} not found on the control machine')}")
             return
+        yield StringCommand(f"mkdir -p {q(build)}")
         yield FileUploadCommand(str(path), f"{tarball}.part")
         fetch = []
     else:
@@ -248,6 +250,7 @@ def base_image_present(tag: str, base: ImageRef) -> Commands:
                 yield script(f"image {tag}: base image", log,
                              f"fail {q(f'base image archive {path} not found on the control machine')}")
                 return
+            yield StringCommand(f"mkdir -p {q(build_dir(tag))}")
             yield FileUploadCommand(str(path), f"{archive}.part")
             fetch = []
         else:

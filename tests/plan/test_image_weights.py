@@ -1,0 +1,488 @@
+"""Plan tier for the vllm_image and model_weights roles.
+
+Two harnesses:
+- `plan()`: the role against a @fake host whose facts are scripted; returns the operations with
+  commands, in order, exactly as pyinfra would run them (nothing executes).
+- `converge()`: the role run for real through pyinfra's @local connector in a temp dir (weights
+  from a file:// or HTTP mirror, the overlay check), with real facts and real `sh` scripts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.connect import connect_all
+from pyinfra.api.deploy import add_deploy
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operations import run_ops
+from pyinfra.context import ctx_host, ctx_state
+
+from rigfleet import catalog, render
+from rigfleet.context import RigContext
+from rigfleet.loader import Fleet
+from rigfleet.operations import image as image_ops
+from rigfleet.operations import weights as weights_ops
+from rigfleet.schema import PinSet, Rig
+from roles.model_weights import model_weights
+from roles.vllm_image import vllm_image
+
+SHA_GENESIS = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
+DIGEST = "sha256:" + "d" * 64
+OVERLAY_SHA = "c" * 64
+SUBDIR = "qwen3.6-27b-autoround-int4"
+VARIANT = "tq3-mtp-genesis"
+
+
+def make_ctx(pinset: dict[str, Any] | None = None, **rig: Any) -> RigContext:
+    ps = PinSet(**(pinset or pinset_data()))
+    fields = {"name": "rig-01", "ssh_hostname": "10.0.0.2", "pinset": ps.name, "variant": VARIANT,
+              "model_dir": "/srv/models", "weights_source": {"url": "http://mirror/weights/"}} | rig
+    r = Rig(**fields)
+    return RigContext(Fleet(Path("/nonexistent"), (r,), {ps.name: ps}), r, ps, catalog.variants()[r.variant])
+
+
+def pinset_data(**changes: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "pin-a",
+        "base_image": {"repository": "vllm/vllm-openai", "tag": "nightly-x", "digest": DIGEST,
+                       "archive": "http://mirror/images/vllm-openai-nightly-x.tar"},
+        "vllm_version": "0.20.2rc1.dev9+g01d4d1ad3",
+        "genesis": {"source": "http://mirror/genesis.git", "commit": SHA_GENESIS},
+        "overlays": [{"name": "marlin-pad", "pr": 40361, "files": [
+            {"source": "http://mirror/overlays/marlin.py", "target": "model_executor/marlin.py",
+             "sha256": OVERLAY_SHA},
+            {"source": "http://mirror/overlays/MPLinearKernel.py", "target": "model_executor/MPLinearKernel.py",
+             "sha256": "e" * 64}]}],
+    }
+    return data | changes
+
+
+# --- harness 1: @fake host, scripted facts, commands as planned -----------------------------------
+
+
+@dataclass
+class Step:
+    name: str
+    commands: list[str]
+    stdin: Any = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.commands)
+
+
+def _text(command: Any) -> str:
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    if isinstance(command, FileUploadCommand):
+        return f"upload {command.dest}"
+    return repr(command)
+
+
+def fake_state(*responses: dict[Any, Any]) -> tuple[State, Any]:
+    """One @fake rig per responses dict; returns the state and the first rig."""
+    hosts = [(f"@fake/rig-{i:02d}", {"fake_responses": r, "fake_delay": 0, "fake_delay_jitter": 0})
+             for i, r in enumerate(responses, start=1)]
+    inventory = Inventory((hosts, {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    return state, inventory.get_host("@fake/rig-01")
+
+
+def plan(role: Callable[..., Any], ctx: RigContext, responses: dict[Any, Any]) -> list[Step]:
+    """The operations that would run, with their commands (operations that would do nothing left out)."""
+    state, host = fake_state(responses)
+    add_deploy(state, role, ctx)
+    steps = []
+    for op_hash in state.get_op_order():
+        data = state.get_op_data_for_host(host, op_hash)
+        with ctx_state.use(state), ctx_host.use(host):
+            commands = [_text(c) for c in data.command_generator()]
+        if commands:
+            name = next(iter(state.get_op_meta(op_hash).names))
+            steps.append(Step(name, commands, data.global_arguments.get("_stdin")))
+    return steps
+
+
+def inspect_json(image_id: str, **labels: str) -> str:
+    return json.dumps({"Id": image_id, "RepoTags": [], "RepoDigests": [], "Created": "2026-01-01T00:00:00Z",
+                       "Config": {"Labels": labels}})
+
+
+TOOLS = {re.compile(r"^command -v (curl|git|python3) "): "/usr/bin/tool"}
+
+
+def image_facts(tag_exists: bool = False, base_present: bool = False) -> dict[Any, Any]:
+    tag = render.image_tag(PinSet(**pinset_data()))
+    responses: dict[Any, Any] = dict(TOOLS)
+    if tag_exists:
+        responses[f"docker image inspect --format '{{{{json .}}}}' {tag}"] = inspect_json("sha256:" + "1" * 64)
+    if base_present:
+        responses["docker image inspect --format '{{json .}}' vllm/vllm-openai:nightly-x"] = inspect_json(DIGEST)
+    return responses
+
+
+def test_image_tag_exists_plans_nothing() -> None:
+    assert plan(vllm_image, make_ctx(), image_facts(tag_exists=True)) == []
+
+
+def test_image_missing_plans_verify_then_build_in_order() -> None:
+    ctx = make_ctx()
+    tag = render.image_tag(ctx.pinset)
+    steps = plan(vllm_image, ctx, image_facts())
+    names = [s.name for s in steps]
+    assert names == [
+        "vllm_image | Overlay marlin-pad: fetch and verify model_executor/marlin.py",
+        "vllm_image | Overlay marlin-pad: fetch and verify model_executor/MPLinearKernel.py",
+        f"vllm_image | Genesis {SHA_GENESIS[:12]}: fetch and verify",
+        "vllm_image | Base image vllm/vllm-openai:nightly-x: get and verify",
+        "vllm_image | Dockerfile and entrypoint",
+        f"vllm_image | Build {tag}",
+    ]
+    overlay, _, genesis, base, context, build = steps
+    assert "fetch http://mirror/overlays/marlin.py" in overlay.text
+    assert f'if [ "$actual" != {OVERLAY_SHA} ]' in overlay.text
+    assert "sha256 mismatch: expected" in overlay.text and "nothing was stopped" in overlay.text
+    assert f"checkout --quiet --detach {SHA_GENESIS}" in genesis.text
+    assert f'[ "$head" = {SHA_GENESIS} ]' in genesis.text
+    assert "docker load -i" in base.text and DIGEST in base.text and "refusing to build on it" in base.text
+    build_dir = image_ops.build_dir(tag)
+    assert f"upload {build_dir}/Dockerfile" in context.commands
+    assert f"upload {build_dir}/entrypoint.sh" in context.commands
+    assert f"docker build --pull=false -t {tag}" in build.text
+    assert build.text.index("docker build") < build.text.index(f"rm -rf {build_dir}")
+    assert image_ops.BUILDS_LEDGER in build.text
+    # Genesis apply_all needs the GPU: never at build time
+    assert not any("apply_all" in s.text for s in steps)
+    # nothing before the overlay checks touches Docker
+    assert "docker" not in overlay.text and "docker" not in genesis.text
+
+
+def test_image_base_already_loaded_is_not_fetched_again() -> None:
+    names = [s.name for s in plan(vllm_image, make_ctx(), image_facts(base_present=True))]
+    assert not any(n.startswith("vllm_image | Base image") for n in names)
+
+
+def test_image_registry_pull_first_and_push_after() -> None:
+    steps = plan(vllm_image, make_ctx(registry="registry.fleet:5000"), image_facts())
+    assert steps[0].name.startswith("vllm_image | Image rigfleet/vllm:")
+    assert "docker pull registry.fleet:5000/rigfleet/vllm:" in steps[0].text
+    assert "docker push registry.fleet:5000/rigfleet/vllm:" in steps[-1].text
+
+
+def test_image_python_deps_become_wheels_from_the_base_image() -> None:
+    ctx = make_ctx(pinset_data(python_deps={"xxhash": "3.5.0"}, pip_index_url="https://pypi.example/simple"))
+    wheels = next(s for s in plan(vllm_image, ctx, image_facts()) if "wheels" in s.name)
+    assert "docker run --rm --entrypoint python3" in wheels.text
+    assert "vllm/vllm-openai:nightly-x -m pip download" in wheels.text
+    assert "--index-url https://pypi.example/simple" in wheels.text and "xxhash==3.5.0" in wheels.text
+
+
+def test_image_genesis_tarball_verified_by_sha256() -> None:
+    genesis = {"source": "http://mirror/genesis-7b9fd319.tar.gz", "commit": SHA_GENESIS, "sha256": "f" * 64}
+    steps = plan(vllm_image, make_ctx(pinset_data(genesis=genesis)), image_facts())
+    text = next(s for s in steps if "Genesis" in s.name).text
+    assert f'[ "$actual" = {"f" * 64} ]' in text and "git get-tar-commit-id" in text
+
+
+def test_changed_overlay_checksum_fails_the_rig_before_anything_is_built() -> None:
+    """The overlay check fails on the rig: pyinfra stops that rig there, so no docker command runs."""
+    responses = {re.compile(r"# rigfleet: image .*overlay marlin-pad file model_executor/marlin.py"):
+                 {"success": False, "stderr": "rigfleet: overlay marlin-pad ...: sha256 mismatch"}}
+    responses |= image_facts()
+    state, host = fake_state(responses, image_facts())
+    add_deploy(state, vllm_image, make_ctx())
+    run_ops(state)
+    assert state.failed_hosts == {host}
+    ran = host.connector.executed_commands
+    assert any("overlay marlin-pad file model_executor/marlin.py" in c for c in ran)
+    assert not any(re.search(r"docker (load|build|pull|run)|git clone", c) for c in ran)
+    # the other rig (good overlays) carried on and built
+    other = state.inventory.get_host("@fake/rig-02")
+    assert any("docker build --pull=false -t rigfleet/vllm:" in c for c in other.connector.executed_commands)
+
+
+def test_roles_build_before_serving_stops_anything() -> None:
+    from roles import ROLES
+
+    names = [getattr(r, "__name__", "") for r in ROLES]
+    if "serving" in names:
+        assert names.index("vllm_image") < names.index("serving")
+        assert names.index("model_weights") < names.index("serving")
+
+
+# --- weights at plan level ------------------------------------------------------------------------
+
+FILES = {"config.json": ("a" * 64, 100), "model-00001-of-00002.safetensors": ("b" * 64, 4096),
+         "model-00002-of-00002.safetensors": ("c" * 64, 2048)}
+
+
+def weights_facts(stamp: dict[str, tuple[str, int, int]], disk: dict[str, tuple[int, int]],
+                  template: bool = True) -> dict[Any, Any]:
+    state = [f"S {sha} {size} {mtime} {name}" for name, (sha, size, mtime) in stamp.items()]
+    state += [f"F {size} {mtime} ./{name}" for name, (size, mtime) in disk.items()]
+    responses: dict[Any, Any] = dict(TOOLS)
+    responses["stat -c 'F %s %Y %n'"] = state or {"stdout": []}
+    responses["curl -fsSL --max-time 60 http://mirror/weights/" + SUBDIR + "/SHA256SUMS"] = [
+        f"{sha}  {name}" for name, (sha, _) in FILES.items()]
+    if template:
+        responses[re.compile(r"chat-templates/froggeric\.jinja")] = [
+            "user=root group=root mode=-rw-r--r-- atime=1 mtime=1 ctime=1 size=10 '/srv/models/chat-templates/"
+            "froggeric.jinja'"]
+    return responses
+
+
+def test_weights_verified_plans_nothing() -> None:
+    stamp = {name: (sha, size, 1000) for name, (sha, size) in FILES.items()}
+    disk = {name: (size, 1000) for name, (_, size) in FILES.items()}
+    assert plan(model_weights, make_ctx(), weights_facts(stamp, disk)) == []
+
+
+def test_weights_interrupted_first_fetch_is_resumed() -> None:
+    """A first fetch was cut: config.json got its final name (not stamped yet), shard 1 is a .part."""
+    name1, name2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    disk = {"config.json": (100, 1000), f"{name1}.part": (1234, 1001)}
+    steps = plan(model_weights, make_ctx(), weights_facts({}, disk))
+    assert steps[0].name == f"model_weights | Weights dir /srv/models/{SUBDIR}"
+    weights = next(s for s in steps if s.name.startswith("model_weights | Weights qwen"))
+    commands = weights.commands
+    assert len(commands) == 5  # rehash config.json, resume 1, fetch 2, keep the manifest, stamp
+    assert commands[0].startswith(f"# rigfleet: weights {SUBDIR}/config.json: rehash (not verified yet)")
+    assert commands[1].startswith(f"# rigfleet: weights {SUBDIR}/{name1}: resume from 1234 bytes (2/3)")
+    assert "-C - --progress-bar" in commands[1]
+    assert f"http://mirror/weights/{SUBDIR}/{name1}" in commands[1]
+    assert f'if [ "$actual" != {FILES[name1][0]} ]' in commands[1]
+    assert commands[1].index("fetch http") < commands[1].index('mv -f "$F.part" "$F"')
+    assert commands[2].startswith(f"# rigfleet: weights {SUBDIR}/{name2}: fetch (3/3)")
+    assert "verification stamp" in commands[-1]
+    assert not any(s.name.startswith("model_weights | Chat template") for s in steps)
+
+
+def test_weights_changed_since_verified_are_rehashed_never_overwritten() -> None:
+    stamp = {name: (sha, size, 1000) for name, (sha, size) in FILES.items()}
+    disk = {name: (size, 1000) for name, (_, size) in FILES.items()}
+    disk["config.json"] = (100, 2000)  # touched since it was hashed
+    steps = plan(model_weights, make_ctx(), weights_facts(stamp, disk))
+    weights = next(s for s in steps if s.name.startswith("model_weights | Weights qwen"))
+    rehash = weights.commands[0]
+    assert rehash.startswith(f"# rigfleet: weights {SUBDIR}/config.json: rehash (changed since it was verified)")
+    assert "not overwriting it" in rehash and "curl" not in rehash
+    assert len(weights.commands) == 3  # rehash, keep the manifest, stamp
+
+
+def test_weights_missing_chat_template_is_placed_by_the_explicit_rule() -> None:
+    stamp = {name: (sha, size, 1000) for name, (sha, size) in FILES.items()}
+    disk = {name: (size, 1000) for name, (_, size) in FILES.items()}
+    steps = plan(model_weights, make_ctx(), weights_facts(stamp, disk, template=False))
+    template = steps[-1]
+    assert template.name == "model_weights | Chat template froggeric"
+    text = template.text
+    assert text.index("http://mirror/weights/chat-templates/froggeric.jinja") < text.index(
+        f"/srv/models/{SUBDIR}/chat_template.jinja")
+    assert not any(s.name.startswith("model_weights | Weights qwen") for s in steps)
+
+
+def test_hub_token_goes_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    token = "hf_SECRETsecretSECRET"
+    monkeypatch.setenv("RIGFLEET_TEST_HF", token)
+    ctx = make_ctx(weights_source={}, hf_token={"env": "RIGFLEET_TEST_HF"})
+    steps = plan(model_weights, ctx, weights_facts({}, {}))
+    hub = next(s for s in steps if "from the hub" in s.name)
+    assert hub.stdin == f"{token}\n"
+    assert all(token not in s.text and token not in s.name for s in steps)
+    assert "--token-stdin" in hub.text and "Lorbus/Qwen3.6-27B-int4-AutoRound" in hub.text
+
+
+def test_hub_token_missing_fails_that_rig_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RIGFLEET_TEST_HF", raising=False)
+    ctx = make_ctx(weights_source={}, hf_token={"env": "RIGFLEET_TEST_HF"})
+    hub = next(s for s in plan(model_weights, ctx, weights_facts({}, {})) if "from the hub" in s.name)
+    assert "environment variable RIGFLEET_TEST_HF is not set on the control machine" in hub.text
+    assert "hub_fetch.py" not in hub.text
+
+
+# --- harness 2: the real thing through @local, in a temp dir --------------------------------------
+
+
+@pytest.fixture
+def local_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Logs and build dirs under tmp_path instead of /var."""
+    monkeypatch.setattr(weights_ops, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(image_ops, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(image_ops, "BUILD_ROOT", str(tmp_path / "build"))
+    return tmp_path
+
+
+def converge(role: Callable[..., Any], ctx: RigContext) -> tuple[State, Any]:
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())
+    connect_all(state)
+    add_deploy(state, role, ctx)
+    with contextlib.suppress(PyinfraError):  # "No hosts remaining!" when the only rig failed
+        run_ops(state)
+    return state, next(iter(inventory))
+
+
+def changed_ops(state: State, host: Any) -> int:
+    return sum(1 for op_hash in state.get_op_order()
+               if state.get_op_data_for_host(host, op_hash).operation_meta.did_change())
+
+
+def write_mirror(root: Path) -> dict[str, bytes]:
+    files = {"config.json": b'{"model_type": "qwen3_next"}\n', "chat_template.jinja": b"{{ messages }}\n",
+             "model-00001-of-00002.safetensors": bytes(range(256)) * 400,
+             "model-00002-of-00002.safetensors": b"\x07" * 50_000}
+    weights = root / "weights" / SUBDIR
+    weights.mkdir(parents=True)
+    for name, data in files.items():
+        (weights / name).write_bytes(data)
+    (weights / "SHA256SUMS").write_text(
+        "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(files.items())))
+    return files
+
+
+@pytest.fixture
+def http_mirror(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A plain http.server (no Range support, like the sandbox's): resume must fall back."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", root
+    server.shutdown()
+
+
+needs_tools = pytest.mark.skipif(not all(shutil.which(t) for t in ("curl", "sha256sum", "stat")),
+                                 reason="needs curl, sha256sum and GNU stat")
+
+
+@needs_tools
+@pytest.mark.parametrize("scheme", ["file", "http"])
+def test_weights_converge_for_real_then_noop(local_dirs: Path, http_mirror: tuple[str, Path], scheme: str) -> None:
+    base, www = http_mirror
+    files = write_mirror(www)
+    url = f"{base}/weights/" if scheme == "http" else f"file://{www}/weights/"
+    model_dir = local_dirs / "models"
+    weights_dir = model_dir / SUBDIR
+    weights_dir.mkdir(parents=True)
+    # an interrupted earlier download: the first half of shard 1
+    shard = "model-00001-of-00002.safetensors"
+    (weights_dir / f"{shard}.part").write_bytes(files[shard][: len(files[shard]) // 2])
+    ctx = make_ctx(model_dir=str(model_dir), weights_source={"url": url})
+
+    state, host = converge(model_weights, ctx)
+    assert not state.failed_hosts
+    for name, data in files.items():
+        assert (weights_dir / name).read_bytes() == data
+    assert not list(weights_dir.glob("*.part"))
+    stamp = (model_dir / ".rigfleet" / f"{SUBDIR}.verified").read_text().splitlines()
+    assert len(stamp) == len(files)
+    # the chat template rule: no chat-templates/ on the mirror, so the model's own template
+    assert (model_dir / "chat-templates" / "froggeric.jinja").read_bytes() == files["chat_template.jinja"]
+    log = (local_dirs / "log" / f"weights-{SUBDIR}.log").read_text()
+    assert f"weights {SUBDIR}/{shard}: resuming from" in log
+    if scheme == "http":
+        assert "cannot resume" in log  # http.server ignores Range: started over
+
+    state, host = converge(model_weights, ctx)
+    assert not state.failed_hosts
+    assert len(state.get_op_order()) == 0  # verified: the role adds no operation at all
+
+
+@needs_tools
+def test_weights_corrupt_mirror_file_is_refused_and_never_installed(local_dirs: Path, tmp_path: Path) -> None:
+    files = write_mirror(tmp_path / "www")
+    shard = tmp_path / "www" / "weights" / SUBDIR / "model-00002-of-00002.safetensors"
+    shard.write_bytes(b"\x08" * 50_000)  # not what SHA256SUMS says
+    model_dir = tmp_path / "models"
+    ctx = make_ctx(model_dir=str(model_dir), weights_source={"url": f"file://{tmp_path}/www/weights/"})
+    state, host = converge(model_weights, ctx)
+    assert host in state.failed_hosts
+    assert not (model_dir / SUBDIR / shard.name).exists()
+    assert not (model_dir / SUBDIR / f"{shard.name}.part").exists()
+    assert not (model_dir / ".rigfleet" / f"{SUBDIR}.verified").exists()
+    log = (local_dirs / "log" / f"weights-{SUBDIR}.log").read_text()
+    want = hashlib.sha256(b"\x07" * 50_000).hexdigest()
+    assert f"sha256 mismatch: expected {want}, got {hashlib.sha256(shard.read_bytes()).hexdigest()}" in log
+    assert (model_dir / SUBDIR / "config.json").read_bytes() == files["config.json"]
+
+
+@needs_tools
+def test_weights_file_changed_on_disk_fails_instead_of_overwriting(local_dirs: Path, tmp_path: Path) -> None:
+    write_mirror(tmp_path / "www")
+    model_dir = tmp_path / "models"
+    ctx = make_ctx(model_dir=str(model_dir), weights_source={"url": f"file://{tmp_path}/www/weights/"})
+    state, _ = converge(model_weights, ctx)
+    assert not state.failed_hosts
+    edited = model_dir / SUBDIR / "config.json"
+    edited.write_bytes(b'{"edited": true}\n')
+    state, host = converge(model_weights, ctx)
+    assert host in state.failed_hosts
+    assert edited.read_bytes() == b'{"edited": true}\n'  # kept: the operator decides
+
+
+@needs_tools
+def test_overlay_with_wrong_checksum_is_refused_for_real(local_dirs: Path, tmp_path: Path) -> None:
+    overlay = tmp_path / "marlin.py"
+    overlay.write_text("# overlay\n")
+    actual = hashlib.sha256(overlay.read_bytes()).hexdigest()
+    data = pinset_data(overlays=[{"name": "marlin-pad", "files": [
+        {"source": f"file://{overlay}", "target": "model_executor/marlin.py", "sha256": OVERLAY_SHA}]}])
+    ctx = make_ctx(data)
+    tag = render.image_tag(ctx.pinset)
+    state, host = converge(vllm_image, ctx)
+    assert host in state.failed_hosts
+    log = Path(image_ops.build_log(tag)).read_text()
+    assert (f"overlay marlin-pad file model_executor/marlin.py: sha256 mismatch: expected {OVERLAY_SHA}, "
+            f"got {actual}") in log
+    build = Path(image_ops.build_dir(tag))
+    assert not (build / "overlays" / "model_executor" / "marlin.py").exists()
+    assert not (build / "genesis").exists() and not (build / "Dockerfile").exists()
+
+
+@needs_tools
+def test_genesis_git_checkout_at_the_pinned_sha(local_dirs: Path, tmp_path: Path) -> None:
+    """The Genesis step for real against a local repo: detached at the SHA, verified, no .git."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    repo = tmp_path / "genesis"
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    (repo / "vllm" / "_genesis" / "patches").mkdir(parents=True)
+    (repo / "vllm" / "_genesis" / "patches" / "apply_all.py").write_text("# v7\n")
+    git = partial(subprocess.run, cwd=repo, env=env, check=True, capture_output=True, text=True)
+    git(["git", "init", "-q", "-b", "dev"])
+    git(["git", "add", "-A"])
+    git(["git", "commit", "-q", "-m", "v7"])
+    sha = git(["git", "rev-parse", "HEAD"]).stdout.strip()
+    (repo / "vllm" / "_genesis" / "patches" / "apply_all.py").write_text("# later\n")
+    git(["git", "commit", "-q", "-am", "later"])  # HEAD moves on: the pin must still get `sha`
+    base = {"repository": "vllm/vllm-openai", "tag": "nightly-x", "digest": DIGEST,
+            "archive": str(tmp_path / "missing-base.tar")}
+    ctx = make_ctx(pinset_data(genesis={"source": str(repo), "commit": sha}, overlays=[], base_image=base))
+    tag = render.image_tag(ctx.pinset)
+    state, host = converge(vllm_image, ctx)
+    # the base image step fails here (no archive): Genesis ran before it and is in place
+    assert host in state.failed_hosts
+    tree = Path(image_ops.build_dir(tag)) / "genesis"
+    assert (tree / "vllm" / "_genesis" / "patches" / "apply_all.py").read_text() == "# v7\n"
+    assert not (tree / ".git").exists()
+    assert (Path(image_ops.build_dir(tag)) / ".rigfleet-steps" / "genesis").read_text().strip() == sha
