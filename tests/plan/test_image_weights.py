@@ -486,3 +486,70 @@ def test_genesis_git_checkout_at_the_pinned_sha(local_dirs: Path, tmp_path: Path
     assert (tree / "vllm" / "_genesis" / "patches" / "apply_all.py").read_text() == "# v7\n"
     assert not (tree / ".git").exists()
     assert (Path(image_ops.build_dir(tag)) / ".rigfleet-steps" / "genesis").read_text().strip() == sha
+
+
+# --- the hub helper (runs on the rig) against a fake hub ------------------------------------------
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()  # noqa: S324 - git's object id
+
+
+@pytest.fixture
+def fake_hub() -> Iterator[tuple[str, dict[str, bytes], list[str]]]:
+    """The two hub endpoints the helper uses; Range is honoured; every request's auth is recorded."""
+    files = {"config.json": b'{"a": 1}\n', "model.safetensors": bytes(range(256)) * 1000}
+    lfs = {"model.safetensors"}
+    seen_auth: list[str] = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            seen_auth.append(self.headers.get("Authorization", ""))
+            if self.path.startswith("/api/models/org/model/tree/main"):
+                tree = [{"type": "file", "path": n, "size": len(d), "oid": git_blob_sha1(d),
+                         **({"lfs": {"oid": hashlib.sha256(d).hexdigest(), "size": len(d)}} if n in lfs else {})}
+                        for n, d in files.items()]
+                body, status, extra = json.dumps(tree).encode(), 200, {}
+            elif self.path.startswith("/org/model/resolve/main/"):
+                data = files[self.path.rsplit("/", 1)[1]]
+                start = int(re.match(r"bytes=(\d+)-", self.headers.get("Range", "bytes=0-")).group(1))  # type: ignore[union-attr]
+                body, status = data[start:], 206 if start else 200
+                extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
+            else:
+                body, status, extra = b"not found", 404, {}
+            self.send_response(status)
+            for key, value in extra.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", files, seen_auth
+    server.shutdown()
+
+
+def test_hub_helper_fetches_resumes_and_verifies(tmp_path: Path, fake_hub: tuple[str, dict[str, bytes], list[str]]
+                                                 ) -> None:
+    endpoint, files, seen_auth = fake_hub
+    dest, manifest = tmp_path / "w", tmp_path / "state" / "w.SHA256SUMS"
+    dest.mkdir()
+    (dest / "model.safetensors.part").write_bytes(files["model.safetensors"][:1000])  # an interrupted run
+    argv = ["python3", str(weights_ops.HUB_HELPER), "--repo", "org/model", "--revision", "main", "--dest", str(dest),
+            "--manifest", str(manifest), "--endpoint", endpoint, "--token-stdin"]
+    done = subprocess.run(argv, input="hf_tok\n", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "model.safetensors: resuming from 1000 bytes" in done.stderr
+    assert all(auth == "Bearer hf_tok" for auth in seen_auth) and "hf_tok" not in " ".join(argv)
+    for name, data in files.items():
+        assert (dest / name).read_bytes() == data
+    assert manifest.read_text() == "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted(files.items()))
+    # a changed file is refused, not replaced
+    (dest / "config.json").write_bytes(b'{"a": 2}\n')
+    again = subprocess.run(argv, input="hf_tok\n", capture_output=True, text=True, timeout=60)
+    assert again.returncode == 1 and "not overwriting it" in again.stderr
+    assert (dest / "config.json").read_bytes() == b'{"a": 2}\n'
