@@ -114,6 +114,10 @@ class Rig(Strict):
     driver_install: Literal["prebuilt", "dkms"] = "prebuilt"
     secure_boot_key_enrolled: bool = False
     cdi: bool = False
+    # GPU smoke test: `docker run --rm --gpus all IMAGE nvidia-smi -L`. A CUDA base image also
+    # checks the driver against the image's CUDA requirement; "local" imports a minimal image
+    # from the rig's own root filesystem, for rigs that cannot pull from a registry.
+    smoke_image: str = Field("nvidia/cuda:13.0.2-base-ubuntu22.04", pattern=r"^[A-Za-z0-9][^\s]*$")
     apt_proxy: str | None = None
     apt_lock_timeout_s: int = Field(600, ge=0, le=7200)
     min_free_disk_gib: int = Field(80, ge=0, le=100000)

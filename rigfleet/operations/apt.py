@@ -1,0 +1,132 @@
+"""apt operations: keyrings checked by fingerprint, installs that honour pins, holds."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+from pyinfra.facts.apt import noninteractive_apt
+from pyinfra.facts.deb import DebPackages
+
+from rigfleet.facts.apt import HeldPackages, KeyringFingerprints
+from rigfleet.facts.system import KernelHeaders
+
+# rigfleet moves held packages itself (a re-pin) and may go back to an older pinned version
+INSTALL = "install --allow-change-held-packages --allow-downgrades"
+
+
+def key_source(src: str) -> str:
+    """A key location for curl: URLs as they are, an absolute path as a file:// URL on the rig."""
+    return f"file://{src}" if src.startswith("/") else src
+
+
+def keyring_script(src: str, dest: str, fingerprint: str) -> str:
+    """Fetch a key, keep only the key with `fingerprint` (binary keyring for Signed-By), or fail."""
+    q_src, q_dest, q_fpr = shlex.quote(key_source(src)), shlex.quote(dest), shlex.quote(fingerprint)
+    refusal = shlex.quote(f"rigfleet: the key at {src} does not have fingerprint {fingerprint}; not trusting it")
+    return (
+        'set -e; d=$(mktemp -d); trap \'gpgconf --homedir "$d" --kill all >/dev/null 2>&1; rm -rf "$d"\' EXIT; '
+        f'curl -fsSL --retry 3 -o "$d/key" {q_src}; '
+        f'GNUPGHOME="$d" gpg --batch --quiet --import "$d/key"; '
+        f'GNUPGHOME="$d" gpg --batch --export {q_fpr} > "$d/keyring"; '
+        f'if [ ! -s "$d/keyring" ]; then echo {refusal} >&2; exit 1; fi; '
+        f'install -D -m 0644 "$d/keyring" {q_dest}'
+    )
+
+
+@operation()
+def keyring(src: str, dest: str, fingerprint: str):
+    """
+    Install the apt signing key `fingerprint` from `src` into the binary keyring `dest`.
+
+    + src: URL (or absolute path on the rig) of the key, armored or binary
+    + dest: keyring file for `Signed-By:`
+    + fingerprint: 40 hex digits; any other key in `src` is dropped, a key without it is refused
+    """
+    fingerprint = fingerprint.replace(" ", "").upper()
+    present = host.get_fact(KeyringFingerprints, path=dest)
+    if present == [fingerprint]:
+        host.noop(f"keyring {dest} holds exactly {fingerprint}")
+        return
+    yield StringCommand(keyring_script(src, dest, fingerprint))
+
+
+def _satisfied(spec: str, installed: dict[str, list[str]]) -> bool:
+    """'name' is satisfied by any installed version, 'name=VERSION-GLOB' by a matching one."""
+    name, _, version = spec.partition("=")
+    versions = installed.get(name) or []
+    if not version:
+        return bool(versions)
+    return any(fnmatchcase(v, version) for v in versions)
+
+
+@operation()
+def install(packages: list[str], update: bool = True):
+    """
+    Install packages, with apt version globs as pins (`docker-ce=5:28.3.3-*`).
+
+    Unlike apt.packages, `apt-get update` runs only when something is to be installed, so a
+    converged rig reports no change. Held packages may be moved: only rigfleet calls this.
+
+    + packages: names or name=version-glob
+    + update: refresh the package lists first (when installing)
+    """
+    installed = host.get_fact(DebPackages)
+    missing = [spec for spec in packages if not _satisfied(spec, installed)]
+    if not missing:
+        host.noop(f"installed: {', '.join(packages)}")
+        return
+    if update:
+        yield "apt-get update"
+    yield StringCommand(noninteractive_apt(INSTALL), *(shlex.quote(spec) for spec in packages))
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+@operation()
+def hold(packages: list[str], patterns: list[str] | None = None, exclude: list[str] | None = None):
+    """
+    `apt-mark hold` packages so that no upgrade moves them behind rigfleet's back.
+
+    + packages: names held whether or not installed yet
+    + patterns: globs over installed packages (dependencies the metapackages pulled in)
+    + exclude: globs never held through `patterns`
+    """
+    installed = host.get_fact(DebPackages)
+    held_now: list[str] = host.get_fact(HeldPackages)
+    held = set(held_now)
+    wanted = set(packages)
+    wanted |= {
+        name for name in installed if _matches(name, patterns or ()) and not _matches(name, exclude or ())
+    }
+    to_hold = sorted(wanted - held)
+    if not to_hold:
+        host.noop(f"held: {', '.join(sorted(wanted))}")
+        return
+    yield StringCommand("apt-mark hold", *(shlex.quote(name) for name in to_hold))
+
+
+@operation()
+def kernel_headers(meta: str):
+    """
+    Kernel headers for DKMS: the headers metapackage `meta` (so DKMS also builds for the next
+    kernel) and, when the archive still has them, the headers of the running kernel.
+
+    + meta: linux-headers-amd64 (Debian) or linux-headers-generic[-hwe-XX.04] (Ubuntu)
+    """
+    headers = host.get_fact(KernelHeaders, meta=meta)
+    installed = host.get_fact(DebPackages)
+    if headers.installed and installed.get(meta):
+        host.noop(f"headers for {headers.kernel} and {meta} are installed")
+        return
+    yield "apt-get update"
+    # decided after the update: an old running kernel's headers may have left the archive
+    yield StringCommand(
+        'k="linux-headers-$(uname -r)"; if apt-cache show "$k" >/dev/null 2>&1; then set -- "$k"; '
+        f'else set --; fi; {noninteractive_apt(INSTALL)} {shlex.quote(meta)} "$@"'
+    )

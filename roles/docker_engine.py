@@ -1,0 +1,125 @@
+"""Docker Engine from Docker's repository (docker_source: docker-ce) or the distribution
+(docker_source: distro), held, with Compose v2; daemon.json merged, never overwritten.
+
+Compose v2 with docker_source: distro: Ubuntu has docker-compose-v2 and Debian 13 has
+docker-compose 2.x, but Debian 12 has only Compose v1 (docker-compose 1.29, no `docker compose`),
+in main and in backports. There it comes from Debian 13's docker-compose package (a static CLI
+plugin that needs only libc >= 2.34): a trixie source pinned so that nothing else comes from it.
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.apt import AptSources
+from pyinfra.operations import apt, files, systemd
+
+from rigfleet import catalog, render
+from rigfleet.context import RigContext
+from rigfleet.operations import apt as apt_ops
+from rigfleet.operations import docker as docker_ops
+from rigfleet.schema import AptRepo, Rig
+from roles.preflight import Target, target
+
+DOCKER_KEYRING = "/etc/apt/keyrings/rigfleet-docker.gpg"
+DEBIAN_ARCHIVE_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DOCKER_CE = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
+# Docker's install guide: packages that conflict with Docker CE
+CONFLICTS = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
+DISTRO_PACKAGES = {
+    "jammy": ["docker.io", "docker-compose-v2", "docker-buildx"],
+    "noble": ["docker.io", "docker-compose-v2", "docker-buildx"],
+    "bookworm": ["docker.io", "docker-compose"],  # docker-compose from trixie, see above
+    "trixie": ["docker.io", "docker-cli", "docker-compose", "docker-buildx"],
+}
+# what rigfleet owns in daemon.json (every other key is left as it is)
+LOG_ROTATION = {"log-driver": "json-file", "log-opts": {"max-size": "100m", "max-file": "5"}}
+
+
+def docker_repo(rig: Rig, where: Target) -> AptRepo:
+    if rig.docker_repo is not None:
+        return rig.docker_repo
+    docker = catalog.repos()["docker"]
+    return AptRepo(url=docker[where.distro]["url"], key_url=docker[where.distro]["key_url"],
+                   key_fingerprint=docker["key_fingerprint"])
+
+
+def daemon_settings(rig: Rig) -> dict[str, Any]:
+    # live-restore: restarting dockerd (a toolkit change) does not stop the serving container
+    settings: dict[str, Any] = {**LOG_ROTATION, "live-restore": True}
+    if rig.docker_data_root:
+        settings["data-root"] = rig.docker_data_root
+    return settings
+
+
+def debian_mirror() -> str:
+    """The Debian archive the rig already uses (its mirror or proxy path), for the trixie source."""
+    for repo in host.get_fact(AptSources):
+        if repo.distribution == "bookworm" and "main" in repo.components:
+            return str(repo.url)
+    return DEBIAN_MIRROR
+
+
+def _docker_ce(context: RigContext, where: Target) -> list[str]:
+    repo = docker_repo(context.rig, where)
+    apt.packages(name="Remove packages that conflict with Docker CE", packages=CONFLICTS, present=False)
+    apt_ops.keyring(name="Docker repository key (checked by fingerprint)", src=repo.key_url, dest=DOCKER_KEYRING,
+                    fingerprint=repo.key_fingerprint)
+    # an old one-line list for the same URL with another Signed-By would make apt refuse both
+    files.file(name="Remove a legacy Docker source list", path="/etc/apt/sources.list.d/docker.list",
+               present=False)
+    files.put(
+        name="Docker repository source (deb822)",
+        src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="Docker CE repository",
+                                   url=repo.url, suite=where.codename, components=["stable"],
+                                   architectures=["amd64"], keyring=DOCKER_KEYRING)),
+        dest="/etc/apt/sources.list.d/docker.sources",
+        mode="0644",
+    )
+    version = context.pinset.docker.version
+    # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
+    specs = [f"{name}=5:{version}-*" if version and name in ("docker-ce", "docker-ce-cli") else name
+             for name in DOCKER_CE]
+    apt_ops.install(name="Docker CE", packages=specs)
+    return DOCKER_CE
+
+
+def _distro(where: Target) -> list[str]:
+    packages = DISTRO_PACKAGES[where.codename]
+    if where.codename == "bookworm":
+        files.put(
+            name="Debian 13 source for Compose v2 only",
+            src=StringIO(render.render("apt/rigfleet-repo.sources.j2",
+                                       description="Debian 13, for docker-compose (Compose v2) only",
+                                       url=debian_mirror(), suite="trixie", components=["main"],
+                                       architectures=["amd64"], keyring=DEBIAN_ARCHIVE_KEYRING)),
+            dest="/etc/apt/sources.list.d/rigfleet-trixie-compose.sources",
+            mode="0644",
+        )
+        files.put(
+            name="Take nothing but docker-compose from Debian 13",
+            src=StringIO(render.render("apt/rigfleet-compose-from-trixie.pref.j2")),
+            dest="/etc/apt/preferences.d/rigfleet-compose-from-trixie.pref",
+            mode="0644",
+        )
+    apt_ops.install(name="Docker from the distribution", packages=packages)
+    return packages
+
+
+@deploy("Docker Engine")
+def docker_engine(context: RigContext) -> None:
+    where = target(context)
+    if where is None:
+        return  # preflight refuses this rig
+    packages = _docker_ce(context, where) if context.rig.docker_source == "docker-ce" else _distro(where)
+    apt_ops.hold(name="Hold the Docker packages", packages=packages)
+
+    merged = docker_ops.daemon_json(name="Merge rigfleet's settings into daemon.json",
+                                    settings=daemon_settings(context.rig))
+    systemd.service(name="Docker enabled and running", service="docker.service", running=True, enabled=True)
+    systemd.service(name="Restart Docker for the new daemon.json", service="docker.service", running=True,
+                    restarted=True, _if=merged.did_change)

@@ -1,0 +1,131 @@
+"""NVIDIA driver: branch-pinned and held, open kernel module by default, nouveau blacklisted, and a
+reboot only when the driver needs one.
+
+- Ubuntu: Canonical's signed prebuilt modules (`linux-modules-nvidia-<br>-server[-open]-<flavour>`)
+  with the no-DKMS user space, or DKMS (`nvidia-headless-<br>-server[-open]`) per driver_install.
+- Debian: NVIDIA's CUDA repository (keyring checked by fingerprint, deb822 source), the branch (or
+  exact-version) pinning package first, then `nvidia-open` (open) or `cuda-drivers` (proprietary).
+"""
+
+from __future__ import annotations
+
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files, server
+
+from rigfleet import catalog, render
+from rigfleet.context import RigContext
+from rigfleet.operations import apt as apt_ops
+from rigfleet.operations import server as server_ops
+from rigfleet.schema import AptRepo, DriverPin, Rig
+from roles.preflight import Target, headers_metapackage, target, uses_dkms
+
+CUDA_KEYRING = "/etc/apt/keyrings/rigfleet-cuda.gpg"
+NOUVEAU_CONF = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
+# driver packages held through these globs (dependencies the metapackages pulled in)
+DEBIAN_HOLD = ["nvidia-*", "libnvidia-*", "libcuda*", "libnvcuvid*", "libnvoptix*", "cuda-drivers*"]
+# the toolkit is held by its own role; kernel-ABI module packages must follow the kernel
+HOLD_EXCLUDE = ["nvidia-container-*", "libnvidia-container*", "linux-modules-nvidia-*",
+                "linux-objects-nvidia-*", "linux-signatures-nvidia-*"]
+
+
+def cuda_repo(rig: Rig, where: Target) -> AptRepo:
+    """The rig's CUDA mirror, else NVIDIA's repository for this distro."""
+    if rig.cuda_repo is not None:
+        return rig.cuda_repo
+    cuda = catalog.repos()["cuda"]
+    return AptRepo(
+        url=cuda["url_template"].format(distro=where.cuda_slug),
+        key_url=cuda["key_url_template"].format(distro=where.cuda_slug),
+        key_fingerprint=cuda["key_fingerprint"],
+    )
+
+
+def pinned(package: str, version: str | None) -> str:
+    """`pkg=<version>-*`: apt's version glob over the packaging revision (580.95.05-1, -0ubuntu1)."""
+    return f"{package}={version}-*" if version else package
+
+
+def ubuntu_flavour(installed: dict[str, list[str]]) -> str:
+    """The kernel flavour the modules must follow: generic, or generic-hwe-<release> on HWE kernels."""
+    for name in sorted(installed):
+        for prefix in ("linux-generic-hwe-", "linux-image-generic-hwe-"):
+            if name.startswith(prefix):
+                return f"generic-hwe-{name.removeprefix(prefix)}"
+    return "generic"
+
+
+def ubuntu_packages(rig: Rig, pin: DriverPin, where: Target) -> tuple[list[str], list[str]]:
+    """(install specs, names to hold) from the Ubuntu archive."""
+    flavour = "-open" if rig.driver_module == "open" else ""
+    branch = f"{pin.branch}-server"
+    utils = f"nvidia-utils-{branch}"
+    if uses_dkms(rig, where):
+        userspace = f"nvidia-headless-{branch}{flavour}"
+        specs = [pinned(userspace, pin.version), pinned(utils, pin.version)]
+    else:
+        userspace = f"nvidia-headless-no-dkms-{branch}{flavour}"
+        modules = f"linux-modules-nvidia-{branch}{flavour}-{ubuntu_flavour(host.get_fact(DebPackages))}"
+        specs = [modules, pinned(userspace, pin.version), pinned(utils, pin.version)]
+    return specs, [userspace, utils]
+
+
+@deploy("NVIDIA driver")
+def nvidia_driver(context: RigContext) -> None:
+    where = target(context)
+    if where is None:
+        return  # preflight refuses this rig
+    rig, pin = context.rig, context.pinset.driver
+    gpu_name = catalog.gpus()[rig.gpu_model]["name"]
+
+    nouveau = files.put(
+        name="Blacklist nouveau",
+        src=StringIO(render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2")),
+        dest=NOUVEAU_CONF,
+        mode="0644",
+    )
+    server.shell(
+        name="Rebuild the initramfs without nouveau",
+        commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
+        _if=nouveau.did_change,
+    )
+    if uses_dkms(rig, where):
+        meta = headers_metapackage(where)
+        if where.distro == "ubuntu":
+            meta = f"linux-headers-{ubuntu_flavour(host.get_fact(DebPackages))}"
+        apt_ops.kernel_headers(name="Kernel headers for DKMS", meta=meta)
+
+    if where.distro == "ubuntu":
+        specs, held = ubuntu_packages(rig, pin, where)
+        apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
+        apt_ops.hold(name="Hold the driver packages", packages=held,
+                     patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
+                     exclude=HOLD_EXCLUDE)
+    else:
+        repo = cuda_repo(rig, where)
+        slug = f"cuda-{where.cuda_slug}-x86_64"
+        apt_ops.keyring(name="CUDA repository key (checked by fingerprint)", src=repo.key_url, dest=CUDA_KEYRING,
+                        fingerprint=repo.key_fingerprint)
+        # the cuda-keyring package's list names the same URL with another Signed-By: apt would refuse both
+        files.file(name="Remove the cuda-keyring source list", path=f"/etc/apt/sources.list.d/{slug}.list",
+                   present=False)
+        files.put(
+            name="CUDA repository source (deb822)",
+            src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="NVIDIA CUDA repository",
+                                       url=repo.url, suite="/", components=[], architectures=[],
+                                       keyring=CUDA_KEYRING)),
+            dest=f"/etc/apt/sources.list.d/{slug}.sources",
+            mode="0644",
+        )
+        pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
+        driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
+        apt_ops.install(name="Driver version lock first", packages=[pinning])
+        apt_ops.install(name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)])
+        apt_ops.hold(name="Hold the driver packages", packages=[pinning, driver], patterns=DEBIAN_HOLD,
+                     exclude=HOLD_EXCLUDE)
+
+    server_ops.driver_reboot(name="Reboot if the driver needs it, then check the GPUs",
+                             expected_gpus=rig.gpu_count, gpu_name=gpu_name)

@@ -1,0 +1,159 @@
+"""Preflight: refuse a rig early, naming it and the fix, before anything on it is changed.
+
+Checks: a supported platform (Ubuntu 22.04/24.04, Debian 12/13 on x86_64), Secure Boot against
+a DKMS-built module, kernel headers for DKMS, free disk for images and weights, and the GPUs
+nvidia-smi sees against the rig's expected count and model (when the driver already works).
+Facts are read here in deploy code: all of them describe the rig before this run changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from rigfleet import catalog
+from rigfleet.context import RigContext
+from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology
+from rigfleet.facts.system import DiskSpace, KernelHeaders, Platform, PlatformInfo, SecureBoot
+from rigfleet.operations import server as server_ops
+from rigfleet.schema import Rig
+
+DOCKER_DATA_ROOT = "/var/lib/docker"  # dockerd's own default when daemon.json sets none
+
+
+@dataclass(frozen=True)
+class Target:
+    """A supported platform: what the roles branch on."""
+
+    distro: str  # ubuntu | debian
+    version: str  # 22.04 | 24.04 | 12 | 13
+    codename: str  # jammy | noble | bookworm | trixie
+    kernel: str
+
+    @property
+    def cuda_slug(self) -> str:
+        """NVIDIA's name for the distro in CUDA repository URLs: ubuntu2404, debian12."""
+        return f"{self.distro}{self.version.replace('.', '')}"
+
+
+SUPPORTED = {
+    ("ubuntu", "22.04"): "jammy",
+    ("ubuntu", "24.04"): "noble",
+    ("debian", "12"): "bookworm",
+    ("debian", "13"): "trixie",
+}
+SUPPORTED_TEXT = "Ubuntu 22.04, Ubuntu 24.04, Debian 12 or Debian 13 on x86_64"
+
+
+def target_of(info: PlatformInfo) -> Target | None:
+    codename = SUPPORTED.get((info.id, info.version_id))
+    if codename is None or info.arch != "x86_64":
+        return None
+    return Target(info.id, info.version_id, codename, info.kernel)
+
+
+def target(context: RigContext) -> Target | None:
+    """The rig's platform, or None when it is not supported (preflight refuses it)."""
+    return target_of(host.get_fact(Platform))
+
+
+def uses_dkms(rig: Rig, where: Target) -> bool:
+    """Debian's CUDA repository only has DKMS modules; Ubuntu has Canonical's signed prebuilt ones."""
+    return where.distro == "debian" or rig.driver_install == "dkms"
+
+
+def headers_metapackage(where: Target) -> str:
+    """Headers that follow the distribution kernel, so DKMS also builds for the next kernel."""
+    return "linux-headers-amd64" if where.distro == "debian" else "linux-headers-generic"
+
+
+def assess(context: RigContext) -> list[str]:
+    """Everything that stops this rig, each with its fix; empty when it may go ahead."""
+    rig = context.rig
+    info = host.get_fact(Platform)
+    where = target_of(info)
+    if where is None:
+        found = f"{info.pretty_name or info.id or 'an unknown OS'} on {info.arch or 'an unknown architecture'}"
+        return [f"{found} is not supported: rigfleet needs {SUPPORTED_TEXT}; reinstall the rig or take it "
+                "out of the inventory"]
+    problems = _secure_boot(rig, where) + _headers(rig, where) + _disk(rig) + _gpus(rig)
+    return problems
+
+
+def _secure_boot(rig: Rig, where: Target) -> list[str]:
+    if not uses_dkms(rig, where) or rig.secure_boot_key_enrolled:
+        return []
+    state = host.get_fact(SecureBoot)
+    if not state.enabled:
+        return []
+    if where.distro == "debian":
+        fix = ("enroll a DKMS signing key (MOK) from the rig's console, then set secure_boot_key_enrolled: "
+               "true; or turn Secure Boot off in the firmware")
+    else:
+        fix = ("use driver_install: prebuilt (Canonical-signed modules), or enroll a DKMS signing key (MOK) "
+               "and set secure_boot_key_enrolled: true")
+    return [f"Secure Boot is enabled and the NVIDIA module would be built by DKMS and not be signed by an "
+            f"enrolled key, so it would not load; {fix}"]
+
+
+def _headers(rig: Rig, where: Target) -> list[str]:
+    if not uses_dkms(rig, where):
+        return []
+    headers = host.get_fact(KernelHeaders, meta=headers_metapackage(where))
+    if headers.installed or not headers.apt_lists or headers.candidate or headers.meta_candidate:
+        return []
+    return [f"DKMS needs kernel headers, and neither linux-headers-{headers.kernel} nor "
+            f"{headers_metapackage(where)} is available from the configured apt sources; add the "
+            "distribution's sources, or boot a distribution kernel"]
+
+
+def _disk(rig: Rig) -> list[str]:
+    docker_root = rig.docker_data_root or DOCKER_DATA_ROOT
+    # weights already in model_dir count as room; Docker's store is not measured (du is slow there)
+    usage = host.get_fact(DiskSpace, paths=[rig.model_dir, docker_root], measured=[rig.model_dir])
+    problems, seen = [], set()
+    for path in (rig.model_dir, docker_root):
+        found = usage.get(path)
+        if found is None or found.mount in seen:
+            continue
+        seen.add(found.mount)
+        same_fs = [u for u in usage.values() if u.mount == found.mount]
+        room = (found.avail_kib + sum(u.used_kib for u in same_fs)) / 1024 / 1024
+        if room < rig.min_free_disk_gib:
+            problems.append(f"{path} (filesystem {found.mount}) has {room:.0f} GiB for images and weights, "
+                            f"the rig needs {rig.min_free_disk_gib} GiB; free space there, or lower "
+                            "min_free_disk_gib")
+    return problems
+
+
+def _gpus(rig: Rig) -> list[str]:
+    smi = host.get_fact(NvidiaSmi)
+    if smi.status == "no_devices":
+        return [f"the NVIDIA driver is loaded but sees no GPU (expected {rig.gpu_count}); check the cards' "
+                "seating, power and PCIe slots (and `dmesg | grep -i nvrm`)"]
+    if not smi.ok:
+        return []  # no driver yet, or a mismatch the driver role reboots away
+    expected = catalog.gpus()[rig.gpu_model]["name"]
+    names = [gpu.name for gpu in smi.gpus]
+    problems = []
+    if len(names) != rig.gpu_count:
+        problems.append(f"nvidia-smi sees {len(names)} GPU(s), the rig expects {rig.gpu_count}; check the "
+                        "cards' seating and power, or set gpu_count")
+    wrong = sorted({name for name in names if name != expected})
+    if wrong:
+        problems.append(f"nvidia-smi sees {', '.join(wrong)}, the rig expects {expected} (gpu_model: "
+                        f"{rig.gpu_model}); set gpu_model to the cards the rig has")
+    if rig.nvlink and len(names) > 1 and not host.get_fact(NvidiaTopology).nvlinked():
+        problems.append("nvlink: true, but `nvidia-smi topo -m` shows no NVLink between the GPUs; fit the "
+                        "bridge or set nvlink: false")
+    return problems
+
+
+@deploy("Preflight")
+def preflight(context: RigContext) -> None:
+    problems = assess(context)
+    if problems:
+        server_ops.refuse(name="Refuse the rig (nothing was changed on it)", rig=context.rig.name,
+                          problems=problems)
