@@ -51,7 +51,7 @@ def driver_packages(context: RigContext, distro: str) -> dict[str, str]:
         release = PLATFORMS[distro].version_id
         deb = f"{DRIVER}-0ubuntu0.{release}.1"
         flavour = "-open" if rig.driver_module == "open" else ""
-        packages = {f"nvidia-utils-580-server": deb, "libnvidia-compute-580-server": deb,
+        packages = {"nvidia-utils-580-server": deb, "libnvidia-compute-580-server": deb,
                     "nvidia-kernel-common-580-server": deb}
         if rig.driver_install == "dkms":
             packages |= {f"nvidia-headless-580-server{flavour}": deb, f"nvidia-dkms-580-server{flavour}": deb,
