@@ -1,0 +1,1 @@
+"""Genesis compat tooling (SIMULATED stand-in)."""

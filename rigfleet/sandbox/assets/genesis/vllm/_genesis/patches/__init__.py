@@ -1,0 +1,1 @@
+"""Genesis patch entry points (SIMULATED stand-in)."""

@@ -1,0 +1,1 @@
+"""Patch wiring (SIMULATED stand-in): only text patches are modelled."""

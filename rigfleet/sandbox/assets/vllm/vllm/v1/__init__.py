@@ -1,0 +1,1 @@
+"""SIMULATED stand-in (rigfleet sandbox)."""
