@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import fcntl
 import hashlib
 import io
 import json
@@ -392,43 +393,9 @@ def _safetensors(tensor: str, data: bytes) -> bytes:
 
 
 def weights_files() -> dict[str, bytes]:
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)]
-    config = {
-        "_rigfleet": "SIMULATED stand-in weights (rigfleet sandbox): real architecture numbers, fake tensors",
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "hidden_size": 5120,
-        "intermediate_size": 17408,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 24,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "full_attention_interval": 4,
-        "layer_types": layer_types,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 48,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "mtp_num_hidden_layers": 1,
-        "max_position_embeddings": 262144,
-        "rope_theta": 10000000,
-        "vocab_size": 248320,
-        "torch_dtype": "float16",
-        "tie_word_embeddings": False,
-        "quantization_config": {
-            "quant_method": "auto-round",
-            "bits": 4,
-            "group_size": 128,
-            "sym": True,
-            "packing_format": "auto_round:auto_gptq",
-        },
-    }
-    files: dict[str, bytes] = {
-        "config.json": (json.dumps(config, indent=2) + "\n").encode(),
-        "generation_config.json": b'{\n  "temperature": 0.6,\n  "top_p": 0.95,\n  "top_k": 20\n}\n',
-        "tokenizer_config.json": b'{\n  "_rigfleet": "SIMULATED",\n  "model_max_length": 262144\n}\n',
-    }
+    """The fake weights set: the JSON files from assets/weights plus generated shards, index, SHA256SUMS."""
+    src = ASSETS / "weights" / WEIGHTS_NAME
+    files: dict[str, bytes] = {path.name: path.read_bytes() for path in _asset_files(src)}
     weight_map = {}
     for i, (name, size) in enumerate(SHARDS):
         tensor = f"model.layers.{i}.simulated.weight"
@@ -749,13 +716,14 @@ def build_root_layer(
     root_sha = root_sha or _sha256_file(root_tarball)
     key_src = [BUILDER_VERSION, root_sha, *sorted(f"{w.name}:{_sha256_file(w)}" for w in wheels)]
     key = hashlib.sha256("\n".join(key_src).encode()).hexdigest()[:20]
-    layer = Path(cache_dir) / f"root-layer-{key}.tar"
+    stem = re.sub(r"[^A-Za-z0-9.-]", "_", root_tarball.name.split(".tar")[0])
+    layer = Path(cache_dir) / f"root-layer-{stem}-{key}.tar"
     meta = layer.with_suffix(".json")
     if layer.is_file() and meta.is_file():
         info = json.loads(meta.read_text())
         return layer, info["diff_id"], info["python"]
     Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    for stale in Path(cache_dir).glob("root-layer-*"):
+    for stale in Path(cache_dir).glob(f"root-layer-{stem}-*"):  # older builds of this root only
         stale.unlink()
     tmp = layer.with_name(f".{layer.name}.tmp")
     pyver = _write_root_layer(root_tarball, wheels, tmp)
@@ -829,6 +797,20 @@ def build_engine_artifacts(
     distro_root_tarball = Path(distro_root_tarball)
     cache_dir = Path(cache_dir) if cache_dir else distro_root_tarball.parent / "engine-cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
+    www.mkdir(parents=True, exist_ok=True)
+    with open(www / ".engine.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time per www (and its cache)
+        return _build_locked(www, distro_root_tarball, cache_dir, wheels, base_url, images)
+
+
+def _build_locked(
+    www: Path,
+    distro_root_tarball: Path,
+    cache_dir: Path,
+    wheels: list[Path] | None,
+    base_url: str,
+    images: Iterable[ImageSpec],
+) -> dict[str, Any]:
     commit = build_genesis_repo(www / "genesis.git")
     overlays = build_overlays(www, base_url)
     build_weights(www)

@@ -329,15 +329,24 @@ def test_int8_boots_fast_and_serves(serve) -> None:
     assert eng.request("/version")[1]["version"] == PIN_A
 
 
-def test_kv_pool_of_the_three_seed_variants(serve, site: Path) -> None:
+def test_kv_pool_of_the_three_seed_variants(serve, site: Path, tmp_path: Path) -> None:
+    """tq3-mtp-genesis needs Genesis (P4 for TQ+MTP on the hybrid model); int8 and tq3-nomtp do not."""
+    plain = tmp_path / "plain"
+    engine.install_standin_vllm(plain, PIN_A, overlays=True)
     assert apply_all(site, GENESIS_ENV).returncode == 0
     pools = {}
-    for name, args in (("int8", INT8), ("tq3-mtp-genesis", TQ3_MTP), ("tq3-nomtp", TQ3_NOMTP)):
-        eng = serve(args)
+    for name, args, at in (
+        ("int8", INT8, plain),
+        ("tq3-mtp-genesis", TQ3_MTP, site),
+        ("tq3-nomtp", TQ3_NOMTP, plain),
+    ):
+        eng = serve(args, at=at)
         assert eng.wait_ready(), eng.log
         pools[name] = _kv(eng.log)
         eng.stop()
     assert pools == {"int8": 604_592, "tq3-mtp-genesis": 1_219_216, "tq3-nomtp": 1_727_744}
+    refused = serve(TQ3_MTP, at=plain)
+    assert refused.wait_exit() == 1 and "not supported for hybrid models" in refused.log
 
 
 @pytest.mark.parametrize(
@@ -345,7 +354,7 @@ def test_kv_pool_of_the_three_seed_variants(serve, site: Path) -> None:
     [
         (["--kv-cache-dtype", "tq3"], 2, "argument --kv-cache-dtype: invalid choice: 'tq3'"),
         (
-            ["--kv-cache-dtype", "turboquant_3bit_nc", "-tp", "2"],
+            ["--kv-cache-dtype", "turboquant_3bit_nc", "-tp", "2", "--speculative-config", MTP3],
             1,
             "NotImplementedError: TurboQuant KV cache is not supported for hybrid models",
         ),

@@ -2,10 +2,11 @@
 
 Refuses what real vLLM refuses for this hardware and model, with its messages: a model dir
 without config.json, max_model_len above the model's limit, TP x PP above the visible GPUs,
-fp8_e4m3 KV on compute capability 8.6, and TurboQuant KV on a hybrid model unless Genesis P4 has
-patched this file (the anchor line below). The module-level flag is read when this module is
-imported, so a patch written later in the same process (a plugin) comes too late: the v7.70 "F2"
-finding that made the apply_all pre-pass mandatory.
+fp8_e4m3 KV on compute capability 8.6, and TurboQuant KV with speculative decoding (MTP) on a
+hybrid model unless Genesis P4 has patched this file (the anchor line below). TurboQuant without
+MTP boots Genesis-free, as club-3090's tq3-nomtp did on the same nightly. The module-level flag
+is read when this module is imported, so a patch written later in the same process (a plugin)
+comes too late: the v7.70 "F2" finding that made the apply_all pre-pass mandatory.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class EngineArgs:
                     "the checkpoint has no MTP layers"
                 )
             spec = SpeculativeConfig(method, n)
-        self._check_kv_cache_dtype(a.kv_cache_dtype, model)
+        self._check_kv_cache_dtype(a.kv_cache_dtype, model, spec)
         world = a.tensor_parallel_size * a.pipeline_parallel_size
         gpus = platform.visible_gpu_count()
         if gpus == 0:
@@ -111,19 +112,22 @@ class EngineArgs:
         )
 
     @staticmethod
-    def _check_kv_cache_dtype(kv_cache_dtype: str, model: ModelConfig) -> None:
+    def _check_kv_cache_dtype(
+        kv_cache_dtype: str, model: ModelConfig, spec: SpeculativeConfig | None
+    ) -> None:
         cc = platform.capability_str()
         if kv_cache_dtype == "fp8_e4m3" and platform.COMPUTE_CAPABILITY < (8, 9):
             raise ValueError(
                 f"fp8_e4m3 KV cache is not supported on compute capability {cc} ({platform.DEVICE_NAME}): "
                 "FP8 E4M3 needs sm_89 or newer. Use --kv-cache-dtype fp8_e5m2, int8_per_token_head or auto."
             )
-        if kv_cache_dtype.startswith("turboquant_") and model.is_hybrid and not _TQ_HYBRID_SUPPORTED:
+        tq = kv_cache_dtype.startswith("turboquant_")
+        if tq and model.is_hybrid and spec is not None and not _TQ_HYBRID_SUPPORTED:
             raise NotImplementedError(
                 "TurboQuant KV cache is not supported for hybrid models (attention + linear-attention/Mamba "
-                f"layers): {model.architectures[0]} has "
-                f"{model.num_hidden_layers - model.full_attention_layers} non-attention layers. "
-                "Use --kv-cache-dtype auto, fp8_e5m2 or int8_per_token_head."
+                f"layers) with speculative decoding ({spec.method}, {spec.num_speculative_tokens} tokens): "
+                f"{model.architectures[0]} has {model.num_hidden_layers - model.full_attention_layers} "
+                "non-attention layers. Use --kv-cache-dtype auto, fp8_e5m2 or int8_per_token_head."
             )
 
 
