@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from io import StringIO
@@ -205,13 +206,13 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
     inventory = Inventory(([f"@fake/{context.rig.name}"], {
         "fake_delay": 0,
         "fake_delay_jitter": 0,
-        # a refusal is a failing command on a real rig
-        "fake_responses": {"refusing to deploy": {"success": False, "stderr": "refused"}},
+        # refusals and other deliberate stops are commands that fail on a real rig
+        "fake_responses": {re.compile(r"^(echo|printf) .*>&2; exit 1$"): {"success": False, "stderr": "stopped"}},
     }))
     state = State(inventory, Config(FAIL_PERCENT=100))
     connect_all(state)
     host = next(iter(inventory))
-    host.get_fact = rig.fact  # type: ignore[method-assign]
+    host.get_fact = rig.fact  # type: ignore[method-assign,assignment]
     connector = host.connector
     original_run = connector.run_shell_command
 
@@ -238,8 +239,8 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
         if self.function.__name__ == "wait_for_new_boot" and rig.after_reboot is not None:
             host.get_fact = rig.after_reboot.fact
 
-    connector.run_shell_command = run_shell_command  # type: ignore[method-assign]
-    connector.put_file = put_file  # type: ignore[method-assign]
+    connector.run_shell_command = run_shell_command  # type: ignore[method-assign,assignment]
+    connector.put_file = put_file  # type: ignore[method-assign,assignment]
     failed = False
     with patch.object(FunctionCommand, "execute", call):
         for role in roles if roles is not None else HOST_LAYER:
