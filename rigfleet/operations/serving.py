@@ -327,17 +327,18 @@ class Swap:
                                                                                      error=str(exc)))), "0644")
             raise
         observed = remote.observe(self.target_id)
-        was_running, stopped = stop_others(remote, observed, keep=self.target_id)
-        stopped_at = remote.epoch() if was_running else None
-        if stopped:
-            _say(host, f"stopped release {', '.join(stopped)}")
-        try:
+        stopped_at: float | None = None
+        try:  # from here on, whatever goes wrong ends with the fallback started again
+            was_running, stopped = stop_others(remote, observed, keep=self.target_id)
+            stopped_at = remote.epoch() if was_running else None
+            if stopped:
+                _say(host, f"stopped release {', '.join(stopped)}")
             remote.compose(self.target_dir, "up -d --force-recreate --remove-orphans",
                            f"starting release {self.target_id}")
             result = remote.gate(self.target_dir, self.level, self.timeout_s)
-        except ServingError as exc:
+        except Exception as exc:  # noqa: BLE001 - a dropped SSH channel must still restore the fallback
             result = {"ok": False, "level": self.level, "checks": [
-                {"name": "start", "ok": False, "warning": False, "detail": str(exc)}]}
+                {"name": "swap", "ok": False, "warning": False, "detail": f"{type(exc).__name__}: {exc}"}]}
         downtime = _downtime(stopped_at, result)
         if result.get("ok"):
             link_current(remote, self.target_dir)

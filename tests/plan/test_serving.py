@@ -49,6 +49,7 @@ class FakeRig:
         self.clock = 1000.0
         self.serial = 0
         self.config_ok = True
+        self.up_fails: set[str] = set()  # release ids whose `compose up` fails (port taken, ...)
         self.logs: list[str] = []
         self.name = "rig-01"
         self.print_prefix = "[rig-01] "
@@ -102,6 +103,8 @@ class FakeRig:
             if args.startswith("down"):
                 self.containers = [c for c in self.containers if c["release"] != rid]
                 return True, ""
+            if args.startswith("up") and rid in self.up_fails:
+                return False, ""
             if args.startswith("up"):
                 self.containers = [c for c in self.containers if c["release"] != rid]
                 self.serial += 1
@@ -309,6 +312,17 @@ def test_failed_gate_restores_the_previous_release(example_inventory: Path) -> N
     assert attempt["result"] == "failed" and attempt["restored"] == old.release_id and attempt["restore_ok"]
     assert attempt["gate"]["ok"] is False and attempt["downtime_s"] is not None
     assert book["current"]["release_id"] == old.release_id  # unchanged
+
+
+def test_failed_start_restores_the_previous_release(example_inventory: Path) -> None:
+    rig, old = deployed(example_inventory)
+    new = release_spec(context(example_inventory, variant="tq3-nomtp"))
+    rig.images.add(new.image)
+    rig.up_fails.add(new.release_id)
+    with pytest.raises(ops.ServingError, match="is serving again"):
+        run_swap(rig, new)
+    assert rig.running() == [old.release_id]
+    assert rig.ledger["attempts"][-1]["gate"]["checks"][0]["name"] == "swap"
 
 
 def test_failed_first_deploy_leaves_nothing_running(example_inventory: Path) -> None:
