@@ -314,7 +314,7 @@ def test_int8_boots_fast_and_serves(serve) -> None:
     assert eng.wait_ready(), eng.log
     assert eng.ready_after is not None and eng.ready_after < 2.0
     assert "vllm (simulated engine)" in eng.log and "(simulated engine)" in eng.log
-    assert re.search(r"GPU KV cache size: 604,592 tokens", eng.log)
+    assert re.search(r"GPU KV cache size: 605,856 tokens", eng.log)
     assert "Maximum concurrency for 262,144 tokens per request: 2.31x" in eng.log
     assert eng.request("/health")[0] == 200
     status, models = eng.request("/v1/models")
@@ -344,7 +344,7 @@ def test_kv_pool_of_the_three_seed_variants(serve, site: Path, tmp_path: Path) -
         assert eng.wait_ready(), eng.log
         pools[name] = _kv(eng.log)
         eng.stop()
-    assert pools == {"int8": 604_592, "tq3-mtp-genesis": 1_219_216, "tq3-nomtp": 1_727_744}
+    assert pools == {"int8": 605_856, "tq3-mtp-genesis": 1_220_896, "tq3-nomtp": 1_731_264}
     refused = serve(TQ3_MTP, at=plain)
     assert refused.wait_exit() == 1 and "not supported for hybrid models" in refused.log
 
@@ -1070,3 +1070,40 @@ def test_every_genesis_anchor_exists_in_the_standin_vllm(tmp_path: Path) -> None
     )
     for patch_id, target, anchor in json.loads(done.stdout):
         assert anchor in _file(site, target), (patch_id, target)
+
+
+def test_kv_formula_agrees_with_the_capacity_planner(tmp_path: Path) -> None:
+    """The gate warns when the boot-log pool is under 80% of the planner's: the stand-in must agree."""
+    planner = pytest.importorskip("rigfleet.planner")
+    catalog = pytest.importorskip("rigfleet.catalog")
+    schema = pytest.importorskip("rigfleet.schema")
+    rig = schema.Rig(name="r", ssh_hostname="192.0.2.1", pinset="p", variant="v", model_dir="/srv/models")
+    site = tmp_path / "s"
+    engine.install_standin_vllm(site, PIN_A)
+    wanted = {}
+    for name, variant in catalog.variants().items():
+        wanted[name] = (
+            variant.kv_cache_dtype,
+            variant.gpu_memory_utilization,
+            variant.max_num_batched_tokens,
+            1 if variant.mtp_tokens else 0,
+            planner.predict(rig, variant).kv_pool_tokens,
+        )
+    code = (
+        "import json, sys; from vllm.v1.core.kv_cache_utils import compute_kv_pool\n"
+        "w = json.loads(sys.argv[1]); out = {}\n"
+        "for name, (kv, util, batched, mtp, _) in w.items():\n"
+        "    out[name] = compute_kv_pool(kv_cache_dtype=kv, gpu_memory_utilization=util, num_gpus=2,\n"
+        "        weights_gib=17502027366 / 2**30, max_num_batched_tokens=batched, full_attention_layers=16,\n"
+        "        kv_heads=4, head_dim=256, mtp_layers=mtp).tokens\n"
+        "print(json.dumps(out))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(wanted)],
+        env=_env(site),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for name, tokens in json.loads(done.stdout).items():
+        assert abs(tokens - wanted[name][4]) <= 16, (name, tokens, wanted[name][4])

@@ -1,9 +1,9 @@
 """KV-cache pool size of the SIMULATED engine (stand-in for vllm/v1/core/kv_cache_utils.py).
 
 A documented formula, not a measurement. Constants are fitted to the seed report's measured pools
-(int8 605K, tq3-nomtp 1.73M, tq3-mtp-genesis 1.22M tokens at 262K) and match the rigfleet
-capacity planner's constants (rigfleet/catalog/models.yaml), so a health gate comparing the
-boot-log pool against the planner's prediction sees ~100%.
+(int8 605K, tq3-nomtp 1.73M, tq3-mtp-genesis 1.22M tokens at 262K) and are the rigfleet
+capacity planner's (rigfleet/catalog/models.yaml, rigfleet/planner.py), so a health gate comparing
+the boot-log pool with the planner's prediction sees 100% (to within one 16-token block).
 
     bytes_per_token = attention_layers x kv_heads x slot_bytes
         attention_layers = full-attention layers (16 of Qwen3.6-27B's 64; the 48 Gated-DeltaNet
@@ -13,15 +13,15 @@ boot-log pool against the planner's prediction sees ~100%.
     per_gpu_kv_GiB  = gpu_memory_utilization x 24 GiB
                       - weights_GiB / (TP x PP)                (index.json metadata.total_size)
                       - 1.78 runtime (CUDA context, NCCL, cudagraph pool)
-                      - 0.108 x max_num_batched_tokens / 1000  (activation peak of the profile run)
+                      - 0.108 x max_num_batched_tokens / 1024  (activation peak of the profile run)
                       - 1.31 if MTP (draft head + its buffers)
                       - 1.07 if turboquant_* (decode scratch workspace)
     tokens          = floor(per_gpu_kv_GiB x GPUs x 2^30 / bytes_per_token), down to a multiple of 16
 
 Examples (head_dim 256, 4 KV heads, 16.3 GiB weights, TP=2):
-    int8_per_token_head, MTP n=3, util 0.92, batched 8192 ->   604,592 tokens, 2.31x at 262,144
-    turboquant_3bit_nc,  MTP n=3, util 0.85, batched 4128 -> 1,219,216 tokens, 4.65x
-    turboquant_3bit_nc,  no MTP,  util 0.92, batched 8192 -> 1,727,744 tokens, 6.59x
+    int8_per_token_head, MTP n=3, util 0.92, batched 8192 ->   605,856 tokens, 2.31x at 262,144
+    turboquant_3bit_nc,  MTP n=3, util 0.85, batched 4128 -> 1,220,896 tokens, 4.66x
+    turboquant_3bit_nc,  no MTP,  util 0.92, batched 8192 -> 1,731,264 tokens, 6.60x
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def compute_kv_pool(
         gpu_memory_utilization * gpu_memory_gib
         - weights_gib / max(num_gpus, 1)
         - RUNTIME_OVERHEAD_GIB
-        - ACTIVATION_GIB_PER_1K_BATCHED * max_num_batched_tokens / 1000
+        - ACTIVATION_GIB_PER_1K_BATCHED * max_num_batched_tokens / 1024
         - (MTP_DRAFT_GIB if mtp_layers else 0.0)
         - (TURBOQUANT_WORKSPACE_GIB if kv_cache_dtype.startswith("turboquant_") else 0.0)
     )
