@@ -121,8 +121,9 @@ def kernel_headers(meta: str):
     """
     headers = host.get_fact(KernelHeaders, meta=meta)
     installed = host.get_fact(DebPackages)
-    if headers.installed and installed.get(meta):
-        host.noop(f"headers for {headers.kernel} and {meta} are installed")
+    # headers the archive does not have (an old or a custom kernel) cannot be installed: not a change
+    if installed.get(meta) and (headers.installed or headers.candidate is None):
+        host.noop(f"{meta} is installed; headers for {headers.kernel}: {'yes' if headers.installed else 'n/a'}")
         return
     yield "apt-get update"
     # decided after the update: an old running kernel's headers may have left the archive

@@ -27,6 +27,10 @@ BASE_GROUP_VARS: dict[str, Any] = {
     "ssh_known_hosts_file": "known_hosts",  # relative to the inventory dir
     "docker_source": "distro",
     "apt_proxy": f"http://{SERVICE_ADDR}:{APT_PROXY_PORT}",
+    # rigs reach no image registry: the GPU smoke test imports an image from the rig's own root
+    "smoke_image": "local",
+    # the rigs share this machine's disk; the fleet default (80 GiB per rig) does not fit here
+    "min_free_disk_gib": 5,
 }
 
 
