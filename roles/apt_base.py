@@ -11,6 +11,7 @@ from pyinfra.operations import files
 from rigfleet import render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
+from rigfleet.operations.ordering import role_scope
 from roles.preflight import target
 
 APT_CONF = "/etc/apt/apt.conf.d"
@@ -19,20 +20,21 @@ TOOLS = ["ca-certificates", "curl", "gpg"]
 
 @deploy("apt base")
 def apt_base(context: RigContext) -> None:
-    if target(context) is None:
-        return  # preflight refuses this rig
-    rendered = render.host_files(context.rig)
-    # first: every apt call after this one waits for the dpkg lock instead of failing
-    files.put(
-        name="apt: wait for the dpkg lock, use the fleet's apt proxy",
-        src=StringIO(rendered["apt/99rigfleet-lock-timeout"]),
-        dest=f"{APT_CONF}/99rigfleet-lock-timeout",
-        mode="0644",
-    )
-    files.put(
-        name="unattended-upgrades: never move the driver, CUDA, Docker or the toolkit",
-        src=StringIO(rendered["apt/51rigfleet-unattended-blacklist"]),
-        dest=f"{APT_CONF}/51rigfleet-unattended-blacklist",
-        mode="0644",
-    )
-    apt_ops.install(name="Tools to fetch and check repository keys", packages=TOOLS)
+    with role_scope(2):
+        if target(context) is None:
+            return  # preflight refuses this rig
+        rendered = render.host_files(context.rig)
+        # first: every apt call after this one waits for the dpkg lock instead of failing
+        files.put(
+            name="apt: wait for the dpkg lock, use the fleet's apt proxy",
+            src=StringIO(rendered["apt/99rigfleet-lock-timeout"]),
+            dest=f"{APT_CONF}/99rigfleet-lock-timeout",
+            mode="0644",
+        )
+        files.put(
+            name="unattended-upgrades: never move the driver, CUDA, Docker or the toolkit",
+            src=StringIO(rendered["apt/51rigfleet-unattended-blacklist"]),
+            dest=f"{APT_CONF}/51rigfleet-unattended-blacklist",
+            mode="0644",
+        )
+        apt_ops.install(name="Tools to fetch and check repository keys", packages=TOOLS)

@@ -15,6 +15,7 @@ from rigfleet.context import RigContext
 from rigfleet.facts.docker import DockerRuntimes
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
+from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import AptRepo, Rig
 from roles.preflight import target
 
@@ -38,41 +39,42 @@ def nvidia_registered() -> bool:
 
 @deploy("NVIDIA Container Toolkit")
 def container_toolkit(context: RigContext) -> None:
-    if target(context) is None:
-        return  # preflight refuses this rig
-    rig = context.rig
-    repo = toolkit_repo(rig)
-    apt_ops.keyring(name="Toolkit repository key (checked by fingerprint)", src=repo.key_url, dest=TOOLKIT_KEYRING,
-                    fingerprint=repo.key_fingerprint)
-    # NVIDIA's documented one-line list for the same URL with another Signed-By would make apt refuse both
-    files.file(name="Remove the one-line toolkit source list", path=f"{TOOLKIT_SOURCES}.list", present=False)
-    files.put(
-        name="Toolkit repository source (deb822)",
-        src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="NVIDIA Container Toolkit repository",
-                                   url=repo.url, suite="/", components=[], architectures=[],
-                                   keyring=TOOLKIT_KEYRING)),
-        dest=f"{TOOLKIT_SOURCES}.sources",
-        mode="0644",
-    )
-    version = context.pinset.toolkit.version
-    installed = apt_ops.install(name="NVIDIA Container Toolkit",
-                                packages=[f"{name}={version}-*" if version else name for name in TOOLKIT])
-    apt_ops.hold(name="Hold the toolkit packages", packages=TOOLKIT)
+    with role_scope(5):
+        if target(context) is None:
+            return  # preflight refuses this rig
+        rig = context.rig
+        repo = toolkit_repo(rig)
+        apt_ops.keyring(name="Toolkit repository key (checked by fingerprint)", src=repo.key_url, dest=TOOLKIT_KEYRING,
+                        fingerprint=repo.key_fingerprint)
+        # NVIDIA's documented one-line list for the same URL with another Signed-By would make apt refuse both
+        files.file(name="Remove the one-line toolkit source list", path=f"{TOOLKIT_SOURCES}.list", present=False)
+        files.put(
+            name="Toolkit repository source (deb822)",
+            src=StringIO(render.render("apt/rigfleet-repo.sources.j2",
+                                       description="NVIDIA Container Toolkit repository", url=repo.url, suite="/",
+                                       components=[], architectures=[], keyring=TOOLKIT_KEYRING)),
+            dest=f"{TOOLKIT_SOURCES}.sources",
+            mode="0644",
+        )
+        version = context.pinset.toolkit.version
+        installed = apt_ops.install(name="NVIDIA Container Toolkit",
+                                    packages=[f"{name}={version}-*" if version else name for name in TOOLKIT])
+        apt_ops.hold(name="Hold the toolkit packages", packages=TOOLKIT)
 
-    runtime = docker_ops.nvidia_runtime(name="Register the nvidia runtime with Docker (if missing)", cdi=rig.cdi)
-    # dockerd registers --gpus support only if the toolkit's hook was in PATH when it started
-    systemd.service(
-        name="Restart Docker for the toolkit",
-        service="docker.service",
-        running=True,
-        restarted=True,
-        _if=lambda: installed.did_change() or runtime.did_change() or not nvidia_registered(),
-    )
-    if rig.cdi:
-        docker_ops.cdi_spec(name="CDI spec for the GPUs")
+        runtime = docker_ops.nvidia_runtime(name="Register the nvidia runtime with Docker (if missing)", cdi=rig.cdi)
+        # dockerd registers --gpus support only if the toolkit's hook was in PATH when it started
+        systemd.service(
+            name="Restart Docker for the toolkit",
+            service="docker.service",
+            running=True,
+            restarted=True,
+            _if=lambda: installed.did_change() or runtime.did_change() or not nvidia_registered(),
+        )
+        if rig.cdi:
+            docker_ops.cdi_spec(name="CDI spec for the GPUs")
 
-    image = rig.smoke_image
-    if image == "local":
-        docker_ops.local_image(name="Smoke image from the rig's own root filesystem", tag=LOCAL_SMOKE_IMAGE)
-        image = LOCAL_SMOKE_IMAGE
-    docker_ops.gpu_smoke(name="GPU smoke container", image=image, expected_gpus=rig.gpu_count)
+        image = rig.smoke_image
+        if image == "local":
+            docker_ops.local_image(name="Smoke image from the rig's own root filesystem", tag=LOCAL_SMOKE_IMAGE)
+            image = LOCAL_SMOKE_IMAGE
+        docker_ops.gpu_smoke(name="GPU smoke container", image=image, expected_gpus=rig.gpu_count)

@@ -21,6 +21,7 @@ from rigfleet import catalog, render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
+from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import AptRepo, Rig
 from roles.preflight import Target, target
 
@@ -112,14 +113,15 @@ def _distro(where: Target) -> list[str]:
 
 @deploy("Docker Engine")
 def docker_engine(context: RigContext) -> None:
-    where = target(context)
-    if where is None:
-        return  # preflight refuses this rig
-    packages = _docker_ce(context, where) if context.rig.docker_source == "docker-ce" else _distro(where)
-    apt_ops.hold(name="Hold the Docker packages", packages=packages)
+    with role_scope(4):
+        where = target(context)
+        if where is None:
+            return  # preflight refuses this rig
+        packages = _docker_ce(context, where) if context.rig.docker_source == "docker-ce" else _distro(where)
+        apt_ops.hold(name="Hold the Docker packages", packages=packages)
 
-    merged = docker_ops.daemon_json(name="Merge rigfleet's settings into daemon.json",
-                                    settings=daemon_settings(context.rig))
-    systemd.service(name="Docker enabled and running", service="docker.service", running=True, enabled=True)
-    systemd.service(name="Restart Docker for the new daemon.json", service="docker.service", running=True,
-                    restarted=True, _if=merged.did_change)
+        merged = docker_ops.daemon_json(name="Merge rigfleet's settings into daemon.json",
+                                        settings=daemon_settings(context.rig))
+        systemd.service(name="Docker enabled and running", service="docker.service", running=True, enabled=True)
+        systemd.service(name="Restart Docker for the new daemon.json", service="docker.service", running=True,
+                        restarted=True, _if=merged.did_change)

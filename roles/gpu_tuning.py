@@ -13,6 +13,7 @@ from pyinfra.operations import files, server, systemd
 from rigfleet import render
 from rigfleet.context import RigContext
 from rigfleet.facts.nvidia import NvidiaSmi
+from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import Rig
 from roles.preflight import target
 
@@ -35,25 +36,26 @@ def drifted(rig: Rig) -> bool:
 
 @deploy("GPU tuning")
 def gpu_tuning(context: RigContext) -> None:
-    if target(context) is None:
-        return  # preflight refuses this rig
-    rig = context.rig
-    rendered = render.host_files(rig)
-    rule = files.put(name="udev rule: /dev/char symlinks for NVIDIA devices", src=StringIO(
-        rendered["udev/71-nvidia-dev-char.rules"]), dest=UDEV_RULE, mode="0644")
-    server.shell(
-        name="Create the /dev/char symlinks now (the rule acts from the next driver load)",
-        commands=[
-            # best effort: udevd may not run (containers); the rule is read at boot regardless
-            "if command -v udevadm >/dev/null 2>&1; then udevadm control --reload-rules || true; fi",
-            "nvidia-ctk system create-dev-char-symlinks --create-all",
-        ],
-        _if=rule.did_change,
-    )
-    unit = files.put(name="Power cap and persistence unit", src=StringIO(rendered[f"systemd/{UNIT}"]),
-                     dest=f"/etc/systemd/system/{UNIT}", mode="0644")
-    systemd.daemon_reload(name="Reload systemd for the unit", _if=unit.did_change)
-    systemd.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)
-    # a oneshot that already ran applies new values only when restarted
-    systemd.service(name="Re-apply persistence mode and the power cap", service=UNIT, running=True,
-                    restarted=True, _if=lambda: drifted(rig))
+    with role_scope(6):
+        if target(context) is None:
+            return  # preflight refuses this rig
+        rig = context.rig
+        rendered = render.host_files(rig)
+        rule = files.put(name="udev rule: /dev/char symlinks for NVIDIA devices", src=StringIO(
+            rendered["udev/71-nvidia-dev-char.rules"]), dest=UDEV_RULE, mode="0644")
+        server.shell(
+            name="Create the /dev/char symlinks now (the rule acts from the next driver load)",
+            commands=[
+                # best effort: udevd may not run (containers); the rule is read at boot regardless
+                "if command -v udevadm >/dev/null 2>&1; then udevadm control --reload-rules || true; fi",
+                "nvidia-ctk system create-dev-char-symlinks --create-all",
+            ],
+            _if=rule.did_change,
+        )
+        unit = files.put(name="Power cap and persistence unit", src=StringIO(rendered[f"systemd/{UNIT}"]),
+                         dest=f"/etc/systemd/system/{UNIT}", mode="0644")
+        systemd.daemon_reload(name="Reload systemd for the unit", _if=unit.did_change)
+        systemd.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)
+        # a oneshot that already ran applies new values only when restarted
+        systemd.service(name="Re-apply persistence mode and the power cap", service=UNIT, running=True,
+                        restarted=True, _if=lambda: drifted(rig))

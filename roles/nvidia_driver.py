@@ -20,6 +20,7 @@ from rigfleet import catalog, render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import server as server_ops
+from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import AptRepo, DriverPin, Rig
 from roles.preflight import Target, headers_metapackage, target, uses_dkms
 
@@ -75,57 +76,58 @@ def ubuntu_packages(rig: Rig, pin: DriverPin, where: Target) -> tuple[list[str],
 
 @deploy("NVIDIA driver")
 def nvidia_driver(context: RigContext) -> None:
-    where = target(context)
-    if where is None:
-        return  # preflight refuses this rig
-    rig, pin = context.rig, context.pinset.driver
-    gpu_name = catalog.gpus()[rig.gpu_model]["name"]
+    with role_scope(3):
+        where = target(context)
+        if where is None:
+            return  # preflight refuses this rig
+        rig, pin = context.rig, context.pinset.driver
+        gpu_name = catalog.gpus()[rig.gpu_model]["name"]
 
-    nouveau = files.put(
-        name="Blacklist nouveau",
-        src=StringIO(render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2")),
-        dest=NOUVEAU_CONF,
-        mode="0644",
-    )
-    server.shell(
-        name="Rebuild the initramfs without nouveau",
-        commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
-        _if=nouveau.did_change,
-    )
-    if uses_dkms(rig, where):
-        meta = headers_metapackage(where)
-        if where.distro == "ubuntu":
-            meta = f"linux-headers-{ubuntu_flavour(host.get_fact(DebPackages))}"
-        apt_ops.kernel_headers(name="Kernel headers for DKMS", meta=meta)
-
-    if where.distro == "ubuntu":
-        specs, held = ubuntu_packages(rig, pin, where)
-        apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
-        apt_ops.hold(name="Hold the driver packages", packages=held,
-                     patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
-                     exclude=HOLD_EXCLUDE)
-    else:
-        repo = cuda_repo(rig, where)
-        slug = f"cuda-{where.cuda_slug}-x86_64"
-        apt_ops.keyring(name="CUDA repository key (checked by fingerprint)", src=repo.key_url, dest=CUDA_KEYRING,
-                        fingerprint=repo.key_fingerprint)
-        # the cuda-keyring package's list names the same URL with another Signed-By: apt would refuse both
-        files.file(name="Remove the cuda-keyring source list", path=f"/etc/apt/sources.list.d/{slug}.list",
-                   present=False)
-        files.put(
-            name="CUDA repository source (deb822)",
-            src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="NVIDIA CUDA repository",
-                                       url=repo.url, suite="/", components=[], architectures=[],
-                                       keyring=CUDA_KEYRING)),
-            dest=f"/etc/apt/sources.list.d/{slug}.sources",
+        nouveau = files.put(
+            name="Blacklist nouveau",
+            src=StringIO(render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2")),
+            dest=NOUVEAU_CONF,
             mode="0644",
         )
-        pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
-        driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
-        apt_ops.install(name="Driver version lock first", packages=[pinning])
-        apt_ops.install(name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)])
-        apt_ops.hold(name="Hold the driver packages", packages=[pinning, driver], patterns=DEBIAN_HOLD,
-                     exclude=HOLD_EXCLUDE)
+        server.shell(
+            name="Rebuild the initramfs without nouveau",
+            commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
+            _if=nouveau.did_change,
+        )
+        if uses_dkms(rig, where):
+            meta = headers_metapackage(where)
+            if where.distro == "ubuntu":
+                meta = f"linux-headers-{ubuntu_flavour(host.get_fact(DebPackages))}"
+            apt_ops.kernel_headers(name="Kernel headers for DKMS", meta=meta)
 
-    server_ops.driver_reboot(name="Reboot if the driver needs it, then check the GPUs",
-                             expected_gpus=rig.gpu_count, gpu_name=gpu_name)
+        if where.distro == "ubuntu":
+            specs, held = ubuntu_packages(rig, pin, where)
+            apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
+            apt_ops.hold(name="Hold the driver packages", packages=held,
+                         patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
+                         exclude=HOLD_EXCLUDE)
+        else:
+            repo = cuda_repo(rig, where)
+            slug = f"cuda-{where.cuda_slug}-x86_64"
+            apt_ops.keyring(name="CUDA repository key (checked by fingerprint)", src=repo.key_url, dest=CUDA_KEYRING,
+                            fingerprint=repo.key_fingerprint)
+            # the cuda-keyring package's list names the same URL with another Signed-By: apt would refuse both
+            files.file(name="Remove the cuda-keyring source list", path=f"/etc/apt/sources.list.d/{slug}.list",
+                       present=False)
+            files.put(
+                name="CUDA repository source (deb822)",
+                src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="NVIDIA CUDA repository",
+                                           url=repo.url, suite="/", components=[], architectures=[],
+                                           keyring=CUDA_KEYRING)),
+                dest=f"/etc/apt/sources.list.d/{slug}.sources",
+                mode="0644",
+            )
+            pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
+            driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
+            apt_ops.install(name="Driver version lock first", packages=[pinning])
+            apt_ops.install(name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)])
+            apt_ops.hold(name="Hold the driver packages", packages=[pinning, driver], patterns=DEBIAN_HOLD,
+                         exclude=HOLD_EXCLUDE)
+
+        server_ops.driver_reboot(name="Reboot if the driver needs it, then check the GPUs",
+                                 expected_gpus=rig.gpu_count, gpu_name=gpu_name)

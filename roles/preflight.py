@@ -18,6 +18,7 @@ from rigfleet.context import RigContext
 from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology
 from rigfleet.facts.system import DiskSpace, KernelHeaders, Platform, PlatformInfo, SecureBoot
 from rigfleet.operations import server as server_ops
+from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import Rig
 
 DOCKER_DATA_ROOT = "/var/lib/docker"  # dockerd's own default when daemon.json sets none
@@ -153,7 +154,8 @@ def _gpus(rig: Rig) -> list[str]:
 
 @deploy("Preflight")
 def preflight(context: RigContext) -> None:
-    problems = assess(context)
-    if problems:
-        server_ops.refuse(name="Refuse the rig (nothing was changed on it)", rig=context.rig.name,
-                          problems=problems)
+    with role_scope(1):
+        problems = assess(context)
+        if problems:
+            server_ops.refuse(name="Refuse the rig (nothing was changed on it)", rig=context.rig.name,
+                              problems=problems)

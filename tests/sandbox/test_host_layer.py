@@ -1,0 +1,152 @@
+"""Host layer end to end on a SIMULATED rig: the real `pyinfra -y --json inventory.py deploy.py`.
+
+A freshly booted sandbox rig (Debian, stand-in NVIDIA packages from the sandbox's signed apt
+repositories, real apt/systemd/Docker) is taken to: driver packages installed and held, nvidia-smi
+showing two GPUs with persistence on and the configured power limit, Docker running with the
+nvidia runtime and a daemon.json that kept a pre-seeded foreign key, a GPU smoke container run;
+then a second run changes nothing; then the driver packages are moved behind rigfleet's back, so
+nvidia-smi reports a driver/library mismatch, and the next deploy reboots the rig exactly once and
+leaves it healthy with a new boot id.
+
+The tests run in file order and build on each other. Run under the shared sandbox lock:
+flock /tmp/rigfleet-e2e.lock pytest tests/sandbox/test_host_layer.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigfleet.paths import REPO_ROOT
+from rigfleet.sandbox.aptrepo import DRIVER_VERSIONS
+from rigfleet.sandbox.layout import RigSpec
+from rigfleet.sandbox.supervisor import read_boots
+
+from .conftest import Sandbox
+
+RIG = "rig-01"
+SANDBOX_RIGS = 1
+SANDBOX_FRESH = True  # a rig nothing was deployed to
+DEPLOY_TIMEOUT_S = 1800
+POWER_LIMIT_W = 280
+FOREIGN = {"max-concurrent-downloads": 4, "labels": ["rigfleet-test=foreign-key"]}
+DRIVER_HELD = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda"}
+TOOLKIT_HELD = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                "libnvidia-container1"}
+REBOOT_OP = "NVIDIA driver | Reboot if the driver needs it, then check the GPUs"
+SMOKE_OP = "NVIDIA Container Toolkit | GPU smoke container"
+
+pytestmark = pytest.mark.sandbox
+seen: dict[str, Any] = {}
+
+
+def deploy(sandbox: Sandbox) -> dict[str, Any]:
+    """The operator's converge; pyinfra's JSON results (its log goes to stderr, printed on failure)."""
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(sandbox.inventory_dir)}
+    proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", "inventory.py", "deploy.py"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
+    print(proc.stderr[-8000:])
+    assert proc.returncode == 0, "the deploy failed (its log is above)"
+    results = dict(json.loads(proc.stdout)["results"])
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0
+    return results
+
+
+def op(results: dict[str, Any], name: str) -> dict[str, Any]:
+    [found] = [o for o in results["operations"] if name in o.get("names", [])]
+    return dict(found)
+
+
+def changed(results: dict[str, Any]) -> list[str]:
+    return [" / ".join(o["names"]) for o in results["operations"] if o.get("success")]
+
+
+def run(sandbox: Sandbox, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sandbox.ssh(RIG, command, check=check, timeout=300)
+
+
+def gpus(sandbox: Sandbox) -> list[list[str]]:
+    out = run(sandbox, "nvidia-smi --query-gpu=index,name,persistence_mode,power.limit,driver_version "
+                       "--format=csv,noheader,nounits").stdout
+    return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def held(sandbox: Sandbox) -> set[str]:
+    return set(run(sandbox, "apt-mark showhold").stdout.split())
+
+
+def boot_id(sandbox: Sandbox) -> str:
+    return run(sandbox, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def test_fresh_rig_converges(sandbox: Sandbox) -> None:
+    sandbox.host_vars_dir.mkdir(parents=True, exist_ok=True)
+    (sandbox.host_vars_dir / f"{RIG}.yml").write_text(yaml.safe_dump({"power_limit_w": POWER_LIMIT_W}))
+    # an operator's own daemon.json before rigfleet ever ran: its keys must survive
+    run(sandbox, f"sudo mkdir -p /etc/docker && echo {json.dumps(json.dumps(FOREIGN))} | sudo tee "
+                 "/etc/docker/daemon.json")
+    seen["boots"] = len(read_boots(RigSpec.from_name(RIG)))
+
+    results = deploy(sandbox)
+    assert op(results, SMOKE_OP)["success"] == [RIG], "the GPU smoke container ran"
+
+    assert DRIVER_HELD | TOOLKIT_HELD | {"docker.io", "docker-compose"} <= held(sandbox)
+    rows = gpus(sandbox)
+    assert [row[:4] for row in rows] == [
+        ["0", "NVIDIA GeForce RTX 3090", "Enabled", f"{POWER_LIMIT_W:.2f}"],
+        ["1", "NVIDIA GeForce RTX 3090", "Enabled", f"{POWER_LIMIT_W:.2f}"],
+    ]
+    seen["driver"] = rows[0][4]
+
+    assert run(sandbox, "systemctl is-active docker").stdout.strip() == "active"
+    runtimes = json.loads(run(sandbox, "sudo docker info --format '{{json .Runtimes}}'").stdout)
+    assert "nvidia" in runtimes
+    daemon = json.loads(run(sandbox, "sudo cat /etc/docker/daemon.json").stdout)
+    assert {k: daemon[k] for k in FOREIGN} == FOREIGN, "foreign keys kept"
+    assert daemon["live-restore"] is True and daemon["log-driver"] == "json-file"
+    assert daemon["log-opts"] == {"max-size": "100m", "max-file": "5"}
+    assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
+    assert run(sandbox, "sudo docker compose version").stdout.startswith("Docker Compose version v2")
+    smoke = run(sandbox, "sudo docker run --rm --gpus all rigfleet/smoke:local nvidia-smi -L").stdout
+    assert smoke.count("GPU ") == 2 and "NVIDIA GeForce RTX 3090" in smoke
+    assert run(sandbox, "cat /var/lib/rigfleet/gpu-smoke").stdout.startswith("image=rigfleet/smoke:local ")
+
+
+def test_second_run_changes_nothing(sandbox: Sandbox) -> None:
+    results = deploy(sandbox)
+    assert results["totals"]["success"] == 0, f"changed on a converged rig: {changed(results)}"
+    assert len(read_boots(RigSpec.from_name(RIG))) == seen["boots"], "no reboot on a converged rig"
+
+
+def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox) -> None:
+    # the sandbox repository has two 580 versions; the unpinned pin set installed the newest, so
+    # "the other" version is the one an unattended or manual apt run could move the rig to
+    other = next(v for v in DRIVER_VERSIONS if v != seen["driver"])
+    run(sandbox, "sudo apt-mark unhold " + " ".join(sorted(DRIVER_HELD)))
+    run(sandbox, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+                 + " ".join(f"{p}={other}-1" for p in sorted(DRIVER_HELD - {"nvidia-driver-pinning-580"})))
+    broken = run(sandbox, "nvidia-smi -L", check=False)
+    assert broken.returncode != 0 and "Driver/library version mismatch" in broken.stdout + broken.stderr
+    before, boots = boot_id(sandbox), len(read_boots(RigSpec.from_name(RIG)))
+
+    results = deploy(sandbox)
+    assert op(results, REBOOT_OP)["success"] == [RIG], "the deploy rebooted the rig"
+    assert len(read_boots(RigSpec.from_name(RIG))) == boots + 1, "exactly one reboot"
+    assert boot_id(sandbox) != before
+    rows = gpus(sandbox)
+    assert [row[:4] for row in rows] == [
+        ["0", "NVIDIA GeForce RTX 3090", "Enabled", f"{POWER_LIMIT_W:.2f}"],
+        ["1", "NVIDIA GeForce RTX 3090", "Enabled", f"{POWER_LIMIT_W:.2f}"],
+    ]
+    assert {row[4] for row in rows} == {other}
+    assert held(sandbox) >= DRIVER_HELD, "held again"
+
+    again = deploy(sandbox)
+    assert again["totals"]["success"] == 0, f"changed after the reboot: {changed(again)}"
