@@ -15,6 +15,7 @@ from pyinfra.api import deploy
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
+from rigfleet.facts.docker import DockerDaemonConfig
 from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology
 from rigfleet.facts.system import DiskSpace, KernelHeaders, Platform, PlatformInfo, SecureBoot
 from rigfleet.operations import server as server_ops
@@ -111,7 +112,8 @@ def _headers(rig: Rig, where: Target) -> list[str]:
 
 
 def _disk(rig: Rig) -> list[str]:
-    docker_root = rig.docker_data_root or DOCKER_DATA_ROOT
+    configured = host.get_fact(DockerDaemonConfig).config.get("data-root")
+    docker_root = rig.docker_data_root or (configured if isinstance(configured, str) else DOCKER_DATA_ROOT)
     # weights already in model_dir count as room; Docker's store is not measured (du is slow there)
     usage = host.get_fact(DiskSpace, paths=[rig.model_dir, docker_root], measured=[rig.model_dir])
     problems, seen = [], set()
