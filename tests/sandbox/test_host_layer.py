@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,9 +48,24 @@ pytestmark = pytest.mark.sandbox
 seen: dict[str, Any] = {}
 
 
-def deploy(sandbox: Sandbox) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox's inventory with this module's host vars, and only the pin sets its rigs use: the
+    sandbox also publishes a deliberately bad pin set for the guard's tests, which the guard (rightly)
+    refuses in an inventory that pyinfra loads."""
+    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
+    shutil.copytree(sandbox.inventory_dir, copy)
+    groups = yaml.safe_load((copy / "group_vars" / "all.yml").read_text())
+    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
+    (copy / "pinsets.yml").write_text(yaml.safe_dump({groups["pinset"]: pinsets[groups["pinset"]]}))
+    (copy / "host_vars").mkdir(exist_ok=True)
+    (copy / "host_vars" / f"{RIG}.yml").write_text(yaml.safe_dump({"power_limit_w": POWER_LIMIT_W}))
+    return copy
+
+
+def deploy(inventory: Path) -> dict[str, Any]:
     """The operator's converge; pyinfra's JSON results (its log goes to stderr, printed on failure)."""
-    env = {**os.environ, "RIGFLEET_INVENTORY": str(sandbox.inventory_dir)}
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
     proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", "inventory.py", "deploy.py"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
     print(proc.stderr[-8000:])
@@ -86,15 +102,13 @@ def boot_id(sandbox: Sandbox) -> str:
     return run(sandbox, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
 
 
-def test_fresh_rig_converges(sandbox: Sandbox) -> None:
-    sandbox.host_vars_dir.mkdir(parents=True, exist_ok=True)
-    (sandbox.host_vars_dir / f"{RIG}.yml").write_text(yaml.safe_dump({"power_limit_w": POWER_LIMIT_W}))
+def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path) -> None:
     # an operator's own daemon.json before rigfleet ever ran: its keys must survive
     run(sandbox, f"sudo mkdir -p /etc/docker && echo {json.dumps(json.dumps(FOREIGN))} | sudo tee "
                  "/etc/docker/daemon.json")
     seen["boots"] = len(read_boots(RigSpec.from_name(RIG)))
 
-    results = deploy(sandbox)
+    results = deploy(inventory)
     assert op(results, SMOKE_OP)["success"] == [RIG], "the GPU smoke container ran"
 
     assert DRIVER_HELD | TOOLKIT_HELD | {"docker.io", "docker-compose"} <= held(sandbox)
@@ -119,13 +133,13 @@ def test_fresh_rig_converges(sandbox: Sandbox) -> None:
     assert run(sandbox, "cat /var/lib/rigfleet/gpu-smoke").stdout.startswith("image=rigfleet/smoke:local ")
 
 
-def test_second_run_changes_nothing(sandbox: Sandbox) -> None:
-    results = deploy(sandbox)
+def test_second_run_changes_nothing(sandbox: Sandbox, inventory: Path) -> None:
+    results = deploy(inventory)
     assert results["totals"]["success"] == 0, f"changed on a converged rig: {changed(results)}"
     assert len(read_boots(RigSpec.from_name(RIG))) == seen["boots"], "no reboot on a converged rig"
 
 
-def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox) -> None:
+def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox, inventory: Path) -> None:
     # the sandbox repository has two 580 versions; the unpinned pin set installed the newest, so
     # "the other" version is the one an unattended or manual apt run could move the rig to
     other = next(v for v in DRIVER_VERSIONS if v != seen["driver"])
@@ -136,7 +150,7 @@ def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox) -> N
     assert broken.returncode != 0 and "Driver/library version mismatch" in broken.stdout + broken.stderr
     before, boots = boot_id(sandbox), len(read_boots(RigSpec.from_name(RIG)))
 
-    results = deploy(sandbox)
+    results = deploy(inventory)
     assert op(results, REBOOT_OP)["success"] == [RIG], "the deploy rebooted the rig"
     assert len(read_boots(RigSpec.from_name(RIG))) == boots + 1, "exactly one reboot"
     assert boot_id(sandbox) != before
@@ -148,5 +162,5 @@ def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox) -> N
     assert {row[4] for row in rows} == {other}
     assert held(sandbox) >= DRIVER_HELD, "held again"
 
-    again = deploy(sandbox)
+    again = deploy(inventory)
     assert again["totals"]["success"] == 0, f"changed after the reboot: {changed(again)}"
