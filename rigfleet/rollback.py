@@ -44,6 +44,9 @@ def describe(attempt: dict[str, Any] | None) -> list[str]:
     if attempt.get("restored"):
         health = "healthy" if attempt.get("restore_ok") else "NOT healthy"
         lines.append(f"serving again: {attempt['restored']} ({health})")
+    if attempt.get("result") == "failed" and attempt.get("log_tail"):
+        lines.append("engine log (last lines):")
+        lines += [f"    {line}" for line in attempt["log_tail"]]
     return lines
 
 

@@ -385,9 +385,11 @@ class Swap:
         else:
             after = f"previous release {fallback} did NOT come back healthy: {gate.summary(again)}"
         _say(host, after, fg="yellow" if restore_ok else "red")
-        log = "\n".join(f"    {line}" for line in tail[-20:])
+        _say(host, f"engine log (last lines) of {self.target_id}:", fg="red")
+        for line in tail[-20:]:
+            _say(host, f"    {line}")
         raise ServingError(f"{self.rig}: release {self.target_id} failed the {self.level} gate "
-                           f"({gate.summary(result)}); {after}.\n  engine log (last lines):\n{log}")
+                           f"({gate.summary(result)}); {after}")
 
 
 def _downtime(stopped_at: float | None, result: dict[str, Any]) -> float | None:
