@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ SANDBOX_RIGS = 1
 SANDBOX_FRESH = os.environ.get("RIGFLEET_SERVING_FRESH") == "1"  # a freshly booted rig (slower)
 DEPLOY_TIMEOUT_S = 1800
 GATE_TIMEOUT_S = 120  # the stand-in engine boots in seconds; keeps the fault cases short
+API_KEY = "sk-rigfleet-e2e-" + os.urandom(8).hex()  # release B requires it; read from the control machine's env
+B = {"variant": "tq3-nomtp", "api_key": {"env": "RIGFLEET_E2E_API_KEY"}}
 
 pytestmark = pytest.mark.sandbox
 
@@ -63,7 +66,7 @@ def host_vars(inventory: Path, **values: Any) -> None:
 
 
 def env(inventory: Path) -> dict[str, str]:
-    return {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
+    return {**os.environ, "RIGFLEET_INVENTORY": str(inventory), "RIGFLEET_E2E_API_KEY": API_KEY}
 
 
 def deploy(inventory: Path) -> subprocess.CompletedProcess[str]:
@@ -94,14 +97,14 @@ def containers(sandbox: Sandbox) -> list[dict[str, str]]:
     return [dict(zip(("id", "state", "release"), line.split(), strict=True)) for line in out.splitlines()]
 
 
-def chat(sandbox: Sandbox, port: int) -> str:
+def chat(sandbox: Sandbox, port: int, api_key: str | None = None) -> str:
     """A chat completion from the rig's port, from this machine (10.231.N.2 only)."""
     address = sandbox.address(RIG)
     assert re.fullmatch(r"10\.231\.\d+\.2", address)
     body = json.dumps({"model": "qwen3.6-27b-autoround", "temperature": 0, "max_tokens": 30,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
-    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body, headers=headers)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=60) as response:
         return str(json.load(response)["choices"][0]["message"]["content"])
@@ -133,12 +136,16 @@ def test_clear_serving_state(sandbox: Sandbox, inventory: Path) -> None:
 
 
 def test_fresh_rig_serves(sandbox: Sandbox, inventory: Path) -> None:
+    host_vars(inventory, gate="full")  # a healthy engine passes the canary's full gate too
     proc = deploy(inventory)
     assert proc.returncode == 0, proc.stderr[-3000:]
     book = ledger(sandbox)
     current = book["current"]
     assert current["variant"] == "tq3-mtp-genesis" and book["previous"] is None
     assert [a["result"] for a in book["attempts"]] == ["passed"]
+    checks = {c["name"] for c in book["attempts"][0]["gate"]["checks"] if c["ok"]}
+    assert {"genesis", "kv_pool", "needle_60k", "soak", "mtp_acceptance"} <= checks
+    assert book["attempts"][0]["acceptance_length"] >= 2.0
     assert current["kv_pool_tokens"] and current["kv_pool_tokens"] > 0
     assert serving_release(sandbox) == current["release_id"]
     assert "Paris" in chat(sandbox, port_of(sandbox, current["release_id"]))
@@ -151,6 +158,7 @@ def test_fresh_rig_serves(sandbox: Sandbox, inventory: Path) -> None:
 
 
 def test_second_deploy_changes_nothing(sandbox: Sandbox, inventory: Path) -> None:
+    host_vars(inventory)
     proc = deploy(inventory)
     assert proc.returncode == 0, proc.stderr[-3000:]
     op = serving_op(proc)
@@ -162,9 +170,10 @@ def test_second_deploy_changes_nothing(sandbox: Sandbox, inventory: Path) -> Non
 
 
 def test_variant_change_swaps_and_records_downtime(sandbox: Sandbox, inventory: Path) -> None:
-    host_vars(inventory, variant="tq3-nomtp")
+    host_vars(inventory, **B)
     proc = deploy(inventory)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert API_KEY not in proc.stderr + proc.stdout  # passed on stdin into the 0600 env file only
     match = re.search(r"downtime: ([\d.]+) s", proc.stderr)
     assert match, "the measured downtime is printed"
     book = ledger(sandbox)
@@ -181,7 +190,10 @@ def test_variant_change_swaps_and_records_downtime(sandbox: Sandbox, inventory: 
                             f"$(date +%s) --filter container={seen['a_container']} --filter event=die "
                             "--format '{{.Time}}'", timeout=60).stdout.split()
     assert stop and int(stop[0]) >= iso_epoch(created)
-    assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]))
+    assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]), API_KEY)  # the gate authenticated too
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        chat(sandbox, port_of(sandbox, seen["b"]))
+    assert API_KEY not in sandbox.ssh(RIG, "ps -eo args").stdout
 
 
 def attempt_epoch(iso: str) -> int:
@@ -199,7 +211,7 @@ def iso_epoch(iso: str) -> int:
 @pytest.mark.parametrize(("fault", "gate"), [("boot-crash", "basic"), ("unhealthy", "basic"),
                                              ("garbage-output", "full")])
 def test_fault_restores_the_previous_release(sandbox: Sandbox, inventory: Path, fault: str, gate: str) -> None:
-    host_vars(inventory, variant="tq3-nomtp", sandbox_fault=fault, gate=gate)
+    host_vars(inventory, **B, sandbox_fault=fault, gate=gate)
     attempts = len(ledger(sandbox)["attempts"])
     proc = deploy(inventory)
     assert proc.returncode != 0
@@ -214,14 +226,14 @@ def test_fault_restores_the_previous_release(sandbox: Sandbox, inventory: Path, 
     assert attempt["gate"]["level"] == gate and attempt["log_tail"]
     assert book["current"]["release_id"] == seen["b"]
     assert serving_release(sandbox) == seen["b"]
-    assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]))
+    assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]), API_KEY)
     if fault == "garbage-output":  # a basic gate would have let it through: the full checks caught it
         failed = {c["name"] for c in attempt["gate"]["checks"] if not c["ok"] and not c["warning"]}
         assert failed & {"long_output", "needle_10k", "needle_30k", "needle_60k", "soak", "mtp_acceptance"}
 
 
 def test_rollback_returns_to_the_previous_release(sandbox: Sandbox, inventory: Path) -> None:
-    host_vars(inventory, variant="tq3-nomtp")
+    host_vars(inventory, **B)
     proc = subprocess.run([bin_path("rigfleet"), "rollback", RIG], cwd=REPO_ROOT, env=env(inventory),
                           capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
     print(proc.stdout, proc.stderr[-3000:])
