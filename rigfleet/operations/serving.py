@@ -140,8 +140,16 @@ def is_current(spec: ReleaseSpec, observed: dict[str, Any], want_env_sha256: str
     return True, f"release {spec.release_id} is current and running"
 
 
-def auth_arguments(global_arguments: dict[str, Any] | None) -> dict[str, Any]:
-    return {k: v for k, v in (global_arguments or {}).items() if k in AUTH_KEYS and v not in (None, False, "")}
+class Auth(dict[str, Any]):
+    """The op's auth arguments; its repr names the keys only (a sudo password may be among them and
+    pyinfra prints a FunctionCommand's args in debug output)."""
+
+    def __repr__(self) -> str:
+        return f"Auth({', '.join(sorted(self))})"
+
+
+def auth_arguments(global_arguments: dict[str, Any] | None) -> Auth:
+    return Auth({k: v for k, v in (global_arguments or {}).items() if k in AUTH_KEYS and v not in (None, False, "")})
 
 
 @operation(is_idempotent=True)

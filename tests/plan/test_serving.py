@@ -175,6 +175,7 @@ def test_fresh_rig_plans_one_swap(example_inventory: Path, monkeypatch: pytest.M
     assert len(commands) == 1 and isinstance(commands[0], FunctionCommand) and not noops
     assert commands[0].function is ops.apply_release
     assert commands[0].args == (spec, {"_sudo": True})  # only who runs commands, not _timeout
+    assert repr(ops.auth_arguments({"_sudo": True, "_sudo_password": "hunter2"})) == "Auth(_sudo, _sudo_password)"
 
 
 def test_current_release_plans_nothing(example_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
