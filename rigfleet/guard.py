@@ -7,6 +7,7 @@ everything (exit 2); warnings are printed and the run goes on.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from rigfleet import catalog, planner
 from rigfleet.errors import FLEET, InputError, Problem, one_of
@@ -19,8 +20,18 @@ RESERVED_RIG_PORTS = {5000: "the fleet registry"}
 
 
 def check(fleet: Fleet) -> list[Problem]:
-    """Every problem in the fleet, errors and warnings; raise nothing."""
-    problems = [p for name, pinset in sorted(fleet.pinsets.items()) for p in _pinset(name, pinset)]
+    """Every problem in the fleet, errors and warnings; raise nothing.
+
+    A pin set no rig uses (a draft, or the one a re-pin moves away from) cannot break a rig:
+    its problems are reported as warnings so they are seen without blocking the fleet.
+    """
+    used = {rig.pinset for rig in fleet.rigs}
+    problems = []
+    for name, pinset in sorted(fleet.pinsets.items()):
+        for problem in _pinset(name, pinset):
+            if name not in used and not problem.warning:
+                problem = replace(problem, warning=True, message=f"(unused pin set) {problem.message}")
+            problems.append(problem)
     for rig in fleet.rigs:
         problems += list(_rig(rig, fleet))
     return problems

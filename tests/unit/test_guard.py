@@ -109,3 +109,14 @@ def test_unknown_pinset_names_the_closest(example_inventory: Path) -> None:
     set_host(example_inventory, "rig-02", pinset="seed-2026-5")
     (message,) = errors(example_inventory)
     assert "rig-02" in message and "pinset" in message and "seed-2026-05" in message
+
+
+def test_problems_of_an_unused_pinset_only_warn(example_inventory: Path) -> None:
+    path = example_inventory / "pinsets.yml"
+    data = yaml.safe_load(path.read_text())
+    data["draft"] = {**data["seed-2026-05"], "vllm_version": "0.99.0"}
+    write_yaml(path, data)
+    assert errors(example_inventory) == []
+    assert any("unused pin set" in w and "draft" in w for w in warnings(example_inventory))
+    set_host(example_inventory, "rig-01", pinset="draft")
+    assert any("rig-01" not in e and "pinset draft: vllm_version" in e for e in errors(example_inventory))
