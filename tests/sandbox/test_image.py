@@ -25,6 +25,7 @@ from roles.vllm_image import vllm_image
 from .conftest import Sandbox
 
 RIG = "rig-01"
+SANDBOX_FRESH = True  # the first deploy must find a bare rig
 SUBDIR = "qwen3.6-27b-autoround-int4"
 GENESIS_MARKER = r"#\s*\[Genesis P\w+ "  # what the stand-in apply_all writes into vllm files
 
@@ -41,11 +42,37 @@ def fleet(sandbox: Sandbox) -> Fleet:
     return loaded
 
 
+def template_path(fleet: Fleet) -> str:
+    rig = fleet.rig(RIG)
+    return f"{rig.model_dir}/chat-templates/{catalog.variants()[rig.variant].chat_template}.jinja"
+
+
+def mirror_has_template(sandbox: Sandbox, fleet: Fleet) -> bool:
+    rig = fleet.rig(RIG)
+    assert rig.weights_source.url, "the sandbox inventory points weights_source at its mirror"
+    name = catalog.variants()[rig.variant].chat_template
+    urls = [f"{weights_ops.mirror_root_url(rig.weights_source.url, SUBDIR)}chat-templates/{name}.jinja",
+            f"{weights_ops.mirror_dir_url(rig.weights_source.url, SUBDIR)}chat_template.jinja"]
+    return any(rig_sh(sandbox, f"curl -fsS -o /dev/null {shlex.quote(u)} && echo yes || true").strip() == "yes"
+               for u in urls)
+
+
+def place_operator_template(sandbox: Sandbox, fleet: Fleet) -> None:
+    """What an operator does where the mirror has no chat template (the role keeps it)."""
+    path = template_path(fleet)
+    rig_sh(sandbox, f"mkdir -p $(dirname {path}) && echo '{{{{ messages }}}}' > {path}")
+
+
 @pytest.fixture(scope="module")
-def host_ready(sandbox: Sandbox, fleet: Fleet) -> None:
-    """Docker and the rest of the host layer, as a deploy puts them there before these roles."""
-    outcome = runner.converge(fleet, [RIG], roles=list(HOST_LAYER))[RIG]
-    assert outcome.ok, f"host layer: {outcome.summary}"
+def deployed(sandbox: Sandbox, fleet: Fleet) -> dict[str, str]:
+    """A fresh rig, one deploy run as deploy.py does it: the host layer (Docker is not on the rig
+    when pyinfra plans), then model_weights and vllm_image. Returns what the tests compare with."""
+    assert rig_sh(sandbox, "command -v docker || echo none").strip() == "none", "the rig should be fresh"
+    if not mirror_has_template(sandbox, fleet):
+        place_operator_template(sandbox, fleet)
+    outcome = runner.converge(fleet, [RIG], roles=[*HOST_LAYER, model_weights, vllm_image])[RIG]
+    assert outcome.ok, f"first deploy: {outcome.summary}"
+    return {"tag": render.image_tag(pinset(fleet))}
 
 
 def pinset(fleet: Fleet) -> PinSet:
@@ -69,12 +96,10 @@ def builds(sandbox: Sandbox, tag: str) -> int:
 
 @pytest.mark.sandbox
 def test_deploy_builds_the_content_tagged_image_with_its_provenance(sandbox: Sandbox, fleet: Fleet,
-                                                                     host_ready: None) -> None:
+                                                                     deployed: dict[str, str]) -> None:
     pins = pinset(fleet)
     tag = render.image_tag(pins)
-    outcome = runner.converge(fleet, [RIG], roles=[vllm_image])[RIG]
-    assert outcome.ok, outcome.summary
-
+    assert tag == deployed["tag"]
     info = image_info(sandbox, tag)
     assert info is not None, f"{tag} is not on the rig"
     labels = info["Config"]["Labels"]
@@ -112,20 +137,24 @@ def test_deploy_builds_the_content_tagged_image_with_its_provenance(sandbox: San
 
 
 @pytest.mark.sandbox
-def test_second_deploy_skips_the_build(sandbox: Sandbox, fleet: Fleet, host_ready: None) -> None:
-    tag = render.image_tag(pinset(fleet))
+def test_second_deploy_changes_nothing_and_skips_the_build(sandbox: Sandbox, fleet: Fleet,
+                                                           deployed: dict[str, str]) -> None:
+    tag = deployed["tag"]
     before = image_info(sandbox, tag)
-    assert before is not None, "the previous test builds the image"
-    outcome = runner.converge(fleet, [RIG], roles=[vllm_image])[RIG]
+    assert before is not None
+    stamp = weights_ops.stamp_path(fleet.rig(RIG).model_dir, SUBDIR)
+    stamp_before = rig_sh(sandbox, f"stat -c %Y {stamp}")
+    outcome = runner.converge(fleet, [RIG], roles=[model_weights, vllm_image])[RIG]
     assert outcome.ok and outcome.changed == 0, outcome.summary
     after = image_info(sandbox, tag)
     assert after is not None and (after["Id"], after["Created"]) == (before["Id"], before["Created"])
     assert builds(sandbox, tag) == 1
+    assert rig_sh(sandbox, f"stat -c %Y {stamp}") == stamp_before  # weights not even re-stamped
 
 
 @pytest.mark.sandbox
 def test_wrong_overlay_checksum_is_refused_before_anything_is_stopped(sandbox: Sandbox, fleet: Fleet,
-                                                                      host_ready: None) -> None:
+                                                                      deployed: dict[str, str]) -> None:
     pins = pinset(fleet)
     overlay = pins.overlays[0]
     first = overlay.files[0]
@@ -162,44 +191,45 @@ def test_wrong_overlay_checksum_is_refused_before_anything_is_stopped(sandbox: S
 
 
 @pytest.mark.sandbox
-def test_weights_fetched_verified_once(sandbox: Sandbox, fleet: Fleet, host_ready: None) -> None:
+def test_weights_are_the_mirrors_verified_and_stamped(sandbox: Sandbox, fleet: Fleet,
+                                                      deployed: dict[str, str]) -> None:
     rig = fleet.rig(RIG)
-    assert rig.weights_source.url, "the sandbox inventory points weights_source at its mirror"
-    variant = catalog.variants()[rig.variant]
+    assert rig.weights_source.url
     dest = f"{rig.model_dir}/{SUBDIR}"
-    mirror = weights_ops.mirror_dir_url(rig.weights_source.url, SUBDIR)
-    template_sources = [f"{weights_ops.mirror_root_url(rig.weights_source.url, SUBDIR)}chat-templates/"
-                        f"{variant.chat_template}.jinja", f"{mirror}chat_template.jinja"]
-    has_template = any(
-        rig_sh(sandbox, f"curl -fsS -o /dev/null {shlex.quote(u)} && echo yes || true").strip() == "yes"
-        for u in template_sources)
-
-    outcome = runner.converge(fleet, [RIG], roles=[model_weights])[RIG]
-    manifest = rig_sh(sandbox, f"curl -fsSL {shlex.quote(mirror + 'SHA256SUMS')}")
+    manifest = rig_sh(sandbox, f"curl -fsSL {shlex.quote(weights_ops.mirror_dir_url(rig.weights_source.url, SUBDIR))}"
+                               "SHA256SUMS")
     check = rig_sh(sandbox, f"cd {shlex.quote(dest)} && sha256sum -c --quiet - <<'EOF'\n{manifest}EOF\necho rc=$?")
     assert check.strip().endswith("rc=0")
     stamp = rig_sh(sandbox, f"cat {weights_ops.stamp_path(rig.model_dir, SUBDIR)}")
     assert len(stamp.splitlines()) == len([line for line in manifest.splitlines() if line.strip()])
-    if not has_template:
-        # the sandbox mirror carries no chat template: the role says so and fails the rig
-        assert not outcome.ok and "neither" in " ".join(outcome.errors)
-        pytest.xfail("sandbox mirror has no chat template (chat-templates/*.jinja or chat_template.jinja)")
-    assert outcome.ok, outcome.summary
-    again = runner.converge(fleet, [RIG], roles=[model_weights])[RIG]
-    assert again.ok and again.changed == 0, again.summary
+    assert rig_sh(sandbox, f"find {shlex.quote(dest)} -name '*.part'").strip() == ""
 
 
 @pytest.mark.sandbox
-def test_refused_pin_leaves_the_running_release_alone(sandbox: Sandbox, fleet: Fleet, host_ready: None) -> None:
+def test_chat_template_rule(sandbox: Sandbox, fleet: Fleet, deployed: dict[str, str]) -> None:
+    """Mirror's chat-templates/NAME.jinja, else the weights' chat_template.jinja, else fail naming both."""
+    path = template_path(fleet)
+    rig_sh(sandbox, f"rm -f {path}")
+    try:
+        outcome = runner.converge(fleet, [RIG], roles=[model_weights])[RIG]
+        if mirror_has_template(sandbox, fleet):
+            assert outcome.ok, outcome.summary
+            assert rig_sh(sandbox, f"test -s {path} && echo ok").strip() == "ok"
+        else:
+            assert not outcome.ok and "neither" in " ".join(outcome.errors)
+            assert rig_sh(sandbox, f"test -e {path} || echo absent").strip() == "absent"
+    finally:
+        if rig_sh(sandbox, f"test -e {path} || echo absent").strip() == "absent":
+            place_operator_template(sandbox, fleet)
+
+
+@pytest.mark.sandbox
+def test_refused_pin_leaves_the_running_release_alone(sandbox: Sandbox, fleet: Fleet,
+                                                      deployed: dict[str, str]) -> None:
     """With a release serving, a re-pin whose overlay hash is wrong changes nothing on the rig."""
     from roles.serving import serving
 
-    rig = fleet.rig(RIG)
-    variant = catalog.variants()[rig.variant]
-    template = f"{rig.model_dir}/chat-templates/{variant.chat_template}.jinja"
-    # an operator-placed template (kept by the role) where the sandbox mirror has none
-    rig_sh(sandbox, f"test -f {template} || {{ mkdir -p $(dirname {template}) && "
-                    f"echo '{{{{ messages }}}}' > {template}; }}")
+    variant = catalog.variants()[fleet.rig(RIG).variant]
     good = runner.converge(fleet, [RIG], roles=[model_weights, vllm_image, serving])[RIG]
     if not good.ok:
         pytest.skip(f"the serving role does not deploy on the sandbox yet: {good.summary}")
