@@ -70,6 +70,7 @@ def model_weights(ctx: RigContext) -> None:
     else:
         token, error = read_secret(ctx, rig.hf_token) if rig.hf_token else (None, None)
         revision = str(spec.get("revision") or "main")
+        files.put(name="Hub fetch helper", src=str(weights.HUB_HELPER), dest=weights.HUB_HELPER_ON_RIG, mode="0755")
         weights.hub_weights(name=f"Weights {subdir} from the hub ({spec['hf_repo']})", dest=dest,
                             repo=spec["hf_repo"], revision=revision, model_dir=rig.model_dir, subdir=subdir,
                             token_error=error, _stdin=f"{token or ''}\n")

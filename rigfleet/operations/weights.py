@@ -22,7 +22,6 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
-from pyinfra.operations import files
 
 from rigfleet.facts.weights import WeightsManifest, WeightsState, safe_name
 from rigfleet.operations.shell import LOG_DIR, q, script, sha256_of
@@ -155,7 +154,8 @@ def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str
                 token_error: str | None = None) -> Commands:
     """Fetch a repo from the Hugging Face hub with the stdlib helper (resume, progress, sha256 of
     LFS files against the hub's, git blob SHA-1 for the small ones). The token comes on stdin
-    (the caller passes `_stdin`), never in argv, a file or a log."""
+    (the caller passes `_stdin`), never in argv, a file or a log. The helper must be on the rig
+    (HUB_HELPER_ON_RIG, uploaded by the role)."""
     state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
     if is_verified(state):
         host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
@@ -164,7 +164,6 @@ def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str
     if token_error:
         yield script(f"weights {subdir}: hub token", log, f"fail {q(token_error)}")
         return
-    yield from files.put._inner(src=str(HUB_HELPER), dest=HUB_HELPER_ON_RIG, mode="0755")
     yield script(
         f"weights {subdir}: fetch {repo}@{revision} from the hub", log,
         f'say "weights {subdir}: {repo}@{revision} from the hub (progress: tail -f $LOG)"',
