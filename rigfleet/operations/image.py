@@ -24,7 +24,7 @@ from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
 from rigfleet.facts.image import STAMP_DIR, BuildStamps, DockerImageInfo
-from rigfleet.operations.shell import LOG_DIR, q, script, sha256_of
+from rigfleet.operations.shell import LOG_DIR, dq, q, script, sha256_of
 from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
 
 # what an operation generator yields (pyinfra types @operation() functions as Generators)
@@ -124,19 +124,14 @@ def overlay_fetched(tag: str, overlay: str, file: OverlayFile) -> Commands:
         mismatch = (f"{what}: sha256 mismatch: expected {file.sha256}, got $actual (from {file.source}); "
                     "refusing to build; nothing was stopped")
         lines += [
-            f'if [ "$actual" != {q(file.sha256)} ]; then rm -f "$DEST.part"; fail "{_dq(mismatch)}"; fi',
-            f'note "{_dq(what)}: sha256 $actual verified"',
+            f'if [ "$actual" != {q(file.sha256)} ]; then rm -f "$DEST.part"; fail "{dq(mismatch, "actual")}"; fi',
+            f'note "{dq(what)}: sha256 $actual verified"',
         ]
     else:
         # the guard already warned: the pin set carries no hash for this file
-        lines.append(f'say "{_dq(what)}: UNVERIFIED (no sha256 in the pin set), got sha256 $actual"')
+        lines.append(f'say "{dq(what)}: UNVERIFIED (no sha256 in the pin set), got sha256 $actual"')
     lines.append('mv -f "$DEST.part" "$DEST"')
     yield script(f"image {tag}: {what}", build_log(tag), *lines)
-
-
-def _dq(text: str) -> str:
-    """Escape for a double-quoted shell string where $actual-style expansions are wanted."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
 
 
 @operation()
@@ -154,8 +149,8 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
     sha, src = genesis.commit, genesis.source
     common = [f"G={q(build + '/genesis')}", 'rm -rf "$G" "$G.tmp"']
     tail = [
-        f'[ -d "$G.tmp/vllm/_genesis" ] || fail "Genesis from {_dq(src)} at {sha} has no vllm/_genesis '
-        '(not a Genesis v7 tree)"',
+        '[ -d "$G.tmp/vllm/_genesis" ] || fail '
+        + q(f"Genesis from {src} at {sha} has no vllm/_genesis (not a Genesis v7 tree)"),
         'mv "$G.tmp" "$G"',
         _stamp(build, "genesis", sha),
         f"say {q(f'Genesis {sha} from {src} verified')}",
@@ -195,13 +190,13 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
         f"image {tag}: Genesis {sha[:12]} (tarball)", build_log(tag), *common, *fetch,
         f"T={q(tarball + '.part')}",
         f'actual={sha256_of(chr(34) + "$T" + chr(34))}',
-        f'[ "$actual" = {genesis.sha256} ] || {{ rm -f "$T"; fail "Genesis tarball {_dq(src)}: sha256 mismatch: '
+        f'[ "$actual" = {genesis.sha256} ] || {{ rm -f "$T"; fail "Genesis tarball {dq(src)}: sha256 mismatch: '
         f'expected {genesis.sha256}, got $actual; refusing to build"; }}',
         # git archive writes the commit id into the tar header: when it is there it must match
         'case "$T" in *gz*) cat_=zcat;; *xz*) cat_=xzcat;; *bz2*) cat_=bzcat;; *zst*) cat_=zstdcat;; '
         '*) cat_=cat;; esac',
         'embedded=$($cat_ "$T" 2>/dev/null | git get-tar-commit-id 2>/dev/null || true)',
-        f'[ -z "$embedded" ] || [ "$embedded" = {sha} ] || fail "Genesis tarball {_dq(src)} was made from commit '
+        f'[ -z "$embedded" ] || [ "$embedded" = {sha} ] || fail "Genesis tarball {dq(src)} was made from commit '
         f'$embedded, the pin set says {sha}"',
         'mkdir -p "$G.tmp" && tar -xf "$T" -C "$G.tmp"',
         # a single top-level directory (GitHub's repo-<sha>/) is the tree itself
@@ -229,19 +224,19 @@ def base_image_present(tag: str, base: ImageRef) -> Commands:
         f"id=$(docker image inspect --format '{{{{.Id}}}}' {q(base.ref)} 2>/dev/null || true)",
         f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' {q(base.ref)} "
         "2>/dev/null || true)",
-        f'[ -n "$id" ] || fail "base image: {base.ref} is not on the rig after loading/pulling it"',
+        f'[ -n "$id" ] || fail {q(f"base image: {base.ref} is not on the rig after loading/pulling it")}',
     ]
     if digest:
         verify += [
             f'case " $id $digests " in *" {digest} "*|*"@{digest} "*) ;; *)',
             f"  docker image rm {q(base.ref)} >/dev/null 2>&1 || true",
-            f'  fail "base image: {base.ref} is $id (repo digests: ${{digests:-none}}), the pin set says {digest}; '
+            f'  fail "base image: {dq(base.ref)} is $id (repo digests: ${{digests:-none}}), the pin set says {digest}; '
             'refusing to build on it";;',
             "esac",
-            f'say "base image: {base.ref} verified ($id)"',
+            f'say "base image: {dq(base.ref)} verified ($id)"',
         ]
     else:
-        verify.append(f'say "base image: {base.ref} is $id (UNVERIFIED: no digest in the pin set)"')
+        verify.append(f'say "base image: {dq(base.ref)} is $id (UNVERIFIED: no digest in the pin set)"')
     if base.archive:
         archive = f"{build_dir(tag)}/base-image.tar"
         if is_local(base.archive):
@@ -353,6 +348,6 @@ def image_built(tag: str, labels: dict[str, str], registry: str | None = None) -
         "printf '{\"tag\":\"%s\",\"id\":\"%s\",\"started\":\"%s\",\"finished\":\"%s\",\"seconds\":%s}\\n' "
         f'{q(tag)} "$id" "$started" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(( $(date +%s) - t0 ))" >> {q(BUILDS_LEDGER)}',
         f"rm -rf {q(build)}",
-        f'say "image {tag}: built ($id)"',
+        f'say "image {dq(tag)}: built ($id)"',
         *push,
     )

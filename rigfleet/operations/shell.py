@@ -19,7 +19,7 @@ LOG_DIR = "/var/log/rigfleet"
 def script(step: str, log: str, *lines: str) -> StringCommand:
     """One step as a POSIX sh script with `note`, `say`, `fail` (and `fetch` when it downloads)."""
     preamble = [
-        f"# rigfleet: {step}",
+        "# rigfleet: " + step.replace("\n", " "),
         "set -eu",
         f"LOG={q(log)}",
         'mkdir -p "$(dirname "$LOG")"',
@@ -46,6 +46,15 @@ FETCH_FN = r"""fetch() {
   fi
   [ "$_rc" -eq 0 ] || fail "$_what: download of $_url failed (curl exit $_rc; see $LOG)"
 }"""
+
+
+def dq(text: str, *expand: str) -> str:
+    """`text` for inside a double-quoted shell string: nothing in it expands (pin set values and a
+    mirror's file names are data, not shell) except the variables named in `expand` ($actual)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`").replace("$", "\\$")
+    for name in expand:
+        out = out.replace(f"\\${name}", f"${name}").replace(f"\\${{{name}", f"${{{name}")
+    return out
 
 
 def sha256_of(path_expr: str) -> str:

@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
 
 from rigfleet.facts.weights import WeightsManifest, WeightsState, safe_name
-from rigfleet.operations.shell import LOG_DIR, q, script, sha256_of
+from rigfleet.operations.shell import LOG_DIR, dq, q, script, sha256_of
 
 Commands = Generator[Any, None, None]
 
@@ -86,9 +87,9 @@ def _rehash(subdir: str, dest: str, name: str, sha: str, why: str) -> StringComm
         f"{what}: rehash ({why})", weights_log(subdir),
         f"F={q(f'{dest}/{name}')}",
         f"actual={sha256_of(chr(34) + '$F' + chr(34))}",
-        f'[ "$actual" = {sha} ] || fail "{what} exists but its sha256 is $actual, the manifest says {sha}; '
+        f'[ "$actual" = {sha} ] || fail "{dq(what)} exists but its sha256 is $actual, the manifest says {sha}; '
         'not overwriting it (move it away to fetch it again)"',
-        f'note "{what}: sha256 verified"',
+        f'note "{dq(what)}: sha256 verified"',
     )
 
 
@@ -131,14 +132,14 @@ def mirror_weights(dest: str, url: str, model_dir: str, subdir: str) -> Commands
         yield script(
             step, log,
             f"F={q(f'{dest}/{name}')}", 'mkdir -p "$(dirname "$F")"',
-            f'say "[{index}/{total}] {name}"',
-            f'fetch {q(base + name)} "$F" {q(what)}',
+            f'say "[{index}/{total}] {dq(name)}"',
+            f'fetch {q(base + quote(name))} "$F" {q(what)}',
             f"actual={sha256_of(chr(34) + '$F.part' + chr(34))}",
-            f'if [ "$actual" != {sha} ]; then rm -f "$F.part"; fail "{what}: sha256 mismatch: expected {sha}, '
-            f'got $actual (from {base}{name}); the download was discarded, rerun to fetch it again"; fi',
-            f'[ ! -e "$F" ] || fail "{what} appeared while downloading; not overwriting it"',
+            f'if [ "$actual" != {sha} ]; then rm -f "$F.part"; fail "{dq(what)}: sha256 mismatch: expected {sha}, '
+            f'got $actual (from {dq(base + name)}); the download was discarded, rerun to fetch it again"; fi',
+            f'[ ! -e "$F" ] || fail {q(f"{what} appeared while downloading; not overwriting it")}',
             'mv -f "$F.part" "$F"',
-            f'note "{what}: sha256 verified"',
+            f'note "{dq(what)}: sha256 verified"',
         )
     lines = "".join(f"{sha}  {name}\n" for name, sha in sorted(wanted.items()))
     yield script(
@@ -166,7 +167,7 @@ def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str
         return
     yield script(
         f"weights {subdir}: fetch {repo}@{revision} from the hub", log,
-        f'say "weights {subdir}: {repo}@{revision} from the hub (progress: tail -f $LOG)"',
+        f'say "{dq(f"weights {subdir}: {repo}@{revision} from the hub (progress: tail -f $LOG)", "LOG")}"',
         f"python3 {HUB_HELPER_ON_RIG} --repo {q(repo)} --revision {q(revision)} --dest {q(dest)} "
         f"--manifest {q(manifest_copy_path(model_dir, subdir))} --endpoint {q(HUB)} --token-stdin 2>>\"$LOG\" "
         f'|| {{ tail -n 5 "$LOG" >&2; fail "weights {subdir}: hub download failed (see $LOG)"; }}',
@@ -198,24 +199,24 @@ def chat_template_placed(model_dir: str, template: str, weights_dir: str, mirror
             f'  if curl -fsSL --connect-timeout 20 -o "$T.sums" {q(sums)} 2>/dev/null; then',
             f"    want=$(awk -v n={q(template + '.jinja')} '$2==n || $2==\"*\"n {{print $1}}' \"$T.sums\")",
             '    rm -f "$T.sums"',
-            f'    [ -n "$want" ] || {{ rm -f "$T.part"; fail "{what}: {sums} does not list {template}.jinja"; }}',
-            f'    [ "$want" = "$actual" ] || {{ rm -f "$T.part"; fail "{what}: sha256 mismatch: expected $want, '
-            f'got $actual (from {src})"; }}',
-            f'    origin="{src} (sha256 verified)"',
-            f'  else origin="{src} (UNVERIFIED: no {sums})"; fi',
+            f'    [ -n "$want" ] || {{ rm -f "$T.part"; fail {q(f"{what}: {sums} does not list {template}.jinja")}; }}',
+            f'    [ "$want" = "$actual" ] || {{ rm -f "$T.part"; fail "{dq(what)}: sha256 mismatch: expected $want, '
+            f'got $actual (from {dq(src)})"; }}',
+            f"    origin={q(f'{src} (sha256 verified)')}",
+            f"  else origin={q(f'{src} (UNVERIFIED: no {sums})')}; fi",
             f"elif [ -f {q(own)} ]; then",
             f'  rm -f "$T.part"; cp {q(own)} "$T.part"',
-            f'  origin="the model\'s own {own} ({template}.jinja is not on the mirror)"',
+            f"  origin={q(f'the model own {own} ({template}.jinja is not on the mirror)')}",
             "else",
-            f'  rm -f "$T.part"; fail "{what}: neither {src} nor {own} exists; place it at {dest}"',
+            f'  rm -f "$T.part"; fail {q(f"{what}: neither {src} nor {own} exists; place it at {dest}")}',
             "fi",
         ]
     else:
         lines += [
             f"[ -f {q(own)} ] || fail {q(f'{what}: no mirror and {own} does not exist; place it at {dest}')}",
-            f'cp {q(own)} "$T.part"; origin="the model\'s own {own}"',
+            f"cp {q(own)} \"$T.part\"; origin={q(f'the model own {own}')}",
         ]
-    lines += ['chmod 0644 "$T.part"', 'mv -f "$T.part" "$T"', f'say "{what}: from $origin"']
+    lines += ['chmod 0644 "$T.part"', 'mv -f "$T.part" "$T"', f'say "{dq(what)}: from $origin"']
     yield script(f"{what} -> {dest}", f"{LOG_DIR}/weights-chat-templates.log", *lines)
 
 

@@ -553,3 +553,22 @@ def test_hub_helper_fetches_resumes_and_verifies(tmp_path: Path, fake_hub: tuple
     again = subprocess.run(argv, input="hf_tok\n", capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "not overwriting it" in again.stderr
     assert (dest / "config.json").read_bytes() == b'{"a": 2}\n'
+
+
+@needs_tools
+def test_mirror_file_names_are_data_not_shell(local_dirs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    """A hostile manifest name is fetched under its literal name; nothing in it runs."""
+    monkeypatch.chdir(tmp_path)  # where a relative `touch` would land
+    files = write_mirror(tmp_path / "www")
+    weights = tmp_path / "www" / "weights" / SUBDIR
+    evil = 'x$(touch PWNED)`touch PWNED2`"\'.json'
+    (weights / evil).write_bytes(b"{}\n")
+    sums = "".join(f"{hashlib.sha256(d).hexdigest()}  {n}\n" for n, d in sorted({**files, evil: b"{}\n"}.items()))
+    (weights / "SHA256SUMS").write_text(sums)
+    model_dir = tmp_path / "models"
+    ctx = make_ctx(model_dir=str(model_dir), weights_source={"url": f"file://{tmp_path}/www/weights/"})
+    state, _ = converge(model_weights, ctx)
+    assert not state.failed_hosts
+    assert (model_dir / SUBDIR / evil).read_bytes() == b"{}\n"
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
