@@ -37,6 +37,12 @@ def _url(value: str) -> str:
     return value
 
 
+def _sha256(value: str | None) -> str | None:
+    if value is not None and not SHA256_HEX.match(value):
+        raise ValueError("must be 64 lower-case hex digits")
+    return value
+
+
 class SecretRef(Strict):
     """A secret given by reference only: read from the control machine at deploy time."""
 
@@ -225,12 +231,7 @@ class GenesisPin(Strict):
             raise ValueError("must be the full 40-hex-digit commit SHA (a short SHA or tag can move)")
         return value
 
-    @field_validator("sha256")
-    @classmethod
-    def _sha(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256_HEX.match(value):
-            raise ValueError("must be 64 lower-case hex digits")
-        return value
+    _check_sha = field_validator("sha256")(lambda v: _sha256(v))
 
 
 class OverlayFile(Strict):
@@ -246,12 +247,7 @@ class OverlayFile(Strict):
             raise ValueError("must be a .py path relative to the vllm package, without '..'")
         return value
 
-    @field_validator("sha256")
-    @classmethod
-    def _sha(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256_HEX.match(value):
-            raise ValueError("must be 64 lower-case hex digits")
-        return value
+    _check_sha = field_validator("sha256")(lambda v: _sha256(v))
 
 
 class Overlay(Strict):
