@@ -15,6 +15,12 @@ from roles.vllm_image import vllm_image
 
 # In layer order. The host layer: preflight, apt_base, nvidia_driver, docker_engine,
 # container_toolkit, gpu_tuning; then model_weights, vllm_image, serving.
-HOST_LAYER: list[Callable[..., Any]] = [preflight, apt_base, nvidia_driver, docker_engine, container_toolkit,
-                                        gpu_tuning]
+HOST_LAYER: list[Callable[..., Any]] = [
+    preflight,
+    apt_base,
+    nvidia_driver,
+    docker_engine,
+    container_toolkit,
+    gpu_tuning,
+]
 ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, serving]

@@ -22,8 +22,12 @@ from roles.preflight import target
 TOOLKIT_KEYRING = "/etc/apt/keyrings/rigfleet-nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCES = "/etc/apt/sources.list.d/nvidia-container-toolkit"
 # all four at one version: a partial pin does not resolve (nvidia-container-toolkit #1142)
-TOOLKIT = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
-           "libnvidia-container1"]
+TOOLKIT = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
 LOCAL_SMOKE_IMAGE = "rigfleet/smoke:local"
 
 
@@ -44,24 +48,42 @@ def container_toolkit(context: RigContext) -> None:
             return  # preflight refuses this rig
         rig = context.rig
         repo = toolkit_repo(rig)
-        apt_ops.keyring(name="Toolkit repository key (checked by fingerprint)", src=repo.key_url, dest=TOOLKIT_KEYRING,
-                        fingerprint=repo.key_fingerprint)
+        apt_ops.keyring(
+            name="Toolkit repository key (checked by fingerprint)",
+            src=repo.key_url,
+            dest=TOOLKIT_KEYRING,
+            fingerprint=repo.key_fingerprint,
+        )
         # NVIDIA's documented one-line list for the same URL with another Signed-By would make apt refuse both
-        files.file(name="Remove the one-line toolkit source list", path=f"{TOOLKIT_SOURCES}.list", present=False)
+        files.file(
+            name="Remove the one-line toolkit source list", path=f"{TOOLKIT_SOURCES}.list", present=False
+        )
         files.put(
             name="Toolkit repository source (deb822)",
-            src=StringIO(render.render("apt/rigfleet-repo.sources.j2",
-                                       description="NVIDIA Container Toolkit repository", url=repo.url, suite="/",
-                                       components=[], architectures=[], keyring=TOOLKIT_KEYRING)),
+            src=StringIO(
+                render.render(
+                    "apt/rigfleet-repo.sources.j2",
+                    description="NVIDIA Container Toolkit repository",
+                    url=repo.url,
+                    suite="/",
+                    components=[],
+                    architectures=[],
+                    keyring=TOOLKIT_KEYRING,
+                )
+            ),
             dest=f"{TOOLKIT_SOURCES}.sources",
             mode="0644",
         )
         version = context.pinset.toolkit.version
-        installed = apt_ops.install(name="NVIDIA Container Toolkit",
-                                    packages=[f"{name}={version}-*" if version else name for name in TOOLKIT])
+        installed = apt_ops.install(
+            name="NVIDIA Container Toolkit",
+            packages=[f"{name}={version}-*" if version else name for name in TOOLKIT],
+        )
         apt_ops.hold(name="Hold the toolkit packages", packages=TOOLKIT)
 
-        runtime = docker_ops.nvidia_runtime(name="Register the nvidia runtime with Docker (if missing)", cdi=rig.cdi)
+        runtime = docker_ops.nvidia_runtime(
+            name="Register the nvidia runtime with Docker (if missing)", cdi=rig.cdi
+        )
         # dockerd registers --gpus support only if the toolkit's hook was in PATH when it started
         systemd.service(
             name="Restart Docker for the toolkit",
@@ -75,6 +97,8 @@ def container_toolkit(context: RigContext) -> None:
 
         image = rig.smoke_image
         if image == "local":
-            docker_ops.local_image(name="Smoke image from the rig's own root filesystem", tag=LOCAL_SMOKE_IMAGE)
+            docker_ops.local_image(
+                name="Smoke image from the rig's own root filesystem", tag=LOCAL_SMOKE_IMAGE
+            )
             image = LOCAL_SMOKE_IMAGE
         docker_ops.gpu_smoke(name="GPU smoke container", image=image, expected_gpus=rig.gpu_count)

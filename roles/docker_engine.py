@@ -30,7 +30,15 @@ DEBIAN_ARCHIVE_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 DOCKER_CE = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
 # Docker's install guide: packages that conflict with Docker CE
-CONFLICTS = ["docker.io", "docker-doc", "docker-compose", "docker-compose-v2", "podman-docker", "containerd", "runc"]
+CONFLICTS = [
+    "docker.io",
+    "docker-doc",
+    "docker-compose",
+    "docker-compose-v2",
+    "podman-docker",
+    "containerd",
+    "runc",
+]
 DISTRO_PACKAGES = {
     "jammy": ["docker.io", "docker-compose-v2", "docker-buildx"],
     "noble": ["docker.io", "docker-compose-v2", "docker-buildx"],
@@ -45,8 +53,11 @@ def docker_repo(rig: Rig, where: Target) -> AptRepo:
     if rig.docker_repo is not None:
         return rig.docker_repo
     docker = catalog.repos()["docker"]
-    return AptRepo(url=docker[where.distro]["url"], key_url=docker[where.distro]["key_url"],
-                   key_fingerprint=docker["key_fingerprint"])
+    return AptRepo(
+        url=docker[where.distro]["url"],
+        key_url=docker[where.distro]["key_url"],
+        key_fingerprint=docker["key_fingerprint"],
+    )
 
 
 def daemon_settings(rig: Rig) -> dict[str, Any]:
@@ -68,23 +79,38 @@ def debian_mirror() -> str:
 def _docker_ce(context: RigContext, where: Target) -> list[str]:
     repo = docker_repo(context.rig, where)
     apt.packages(name="Remove packages that conflict with Docker CE", packages=CONFLICTS, present=False)
-    apt_ops.keyring(name="Docker repository key (checked by fingerprint)", src=repo.key_url, dest=DOCKER_KEYRING,
-                    fingerprint=repo.key_fingerprint)
+    apt_ops.keyring(
+        name="Docker repository key (checked by fingerprint)",
+        src=repo.key_url,
+        dest=DOCKER_KEYRING,
+        fingerprint=repo.key_fingerprint,
+    )
     # an old one-line list for the same URL with another Signed-By would make apt refuse both
-    files.file(name="Remove a legacy Docker source list", path="/etc/apt/sources.list.d/docker.list",
-               present=False)
+    files.file(
+        name="Remove a legacy Docker source list", path="/etc/apt/sources.list.d/docker.list", present=False
+    )
     files.put(
         name="Docker repository source (deb822)",
-        src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="Docker CE repository",
-                                   url=repo.url, suite=where.codename, components=["stable"],
-                                   architectures=["amd64"], keyring=DOCKER_KEYRING)),
+        src=StringIO(
+            render.render(
+                "apt/rigfleet-repo.sources.j2",
+                description="Docker CE repository",
+                url=repo.url,
+                suite=where.codename,
+                components=["stable"],
+                architectures=["amd64"],
+                keyring=DOCKER_KEYRING,
+            )
+        ),
         dest="/etc/apt/sources.list.d/docker.sources",
         mode="0644",
     )
     version = context.pinset.docker.version
     # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
-    specs = [f"{name}=5:{version}-*" if version and name in ("docker-ce", "docker-ce-cli") else name
-             for name in DOCKER_CE]
+    specs = [
+        f"{name}=5:{version}-*" if version and name in ("docker-ce", "docker-ce-cli") else name
+        for name in DOCKER_CE
+    ]
     apt_ops.install(name="Docker CE", packages=specs)
     return DOCKER_CE
 
@@ -94,10 +120,17 @@ def _distro(where: Target) -> list[str]:
     if where.codename == "bookworm":
         files.put(
             name="Debian 13 source for Compose v2 only",
-            src=StringIO(render.render("apt/rigfleet-repo.sources.j2",
-                                       description="Debian 13, for docker-compose (Compose v2) only",
-                                       url=debian_mirror(), suite="trixie", components=["main"],
-                                       architectures=["amd64"], keyring=DEBIAN_ARCHIVE_KEYRING)),
+            src=StringIO(
+                render.render(
+                    "apt/rigfleet-repo.sources.j2",
+                    description="Debian 13, for docker-compose (Compose v2) only",
+                    url=debian_mirror(),
+                    suite="trixie",
+                    components=["main"],
+                    architectures=["amd64"],
+                    keyring=DEBIAN_ARCHIVE_KEYRING,
+                )
+            ),
             dest="/etc/apt/sources.list.d/rigfleet-trixie-compose.sources",
             mode="0644",
         )
@@ -120,8 +153,16 @@ def docker_engine(context: RigContext) -> None:
         packages = _docker_ce(context, where) if context.rig.docker_source == "docker-ce" else _distro(where)
         apt_ops.hold(name="Hold the Docker packages", packages=packages)
 
-        merged = docker_ops.daemon_json(name="Merge rigfleet's settings into daemon.json",
-                                        settings=daemon_settings(context.rig))
-        systemd.service(name="Docker enabled and running", service="docker.service", running=True, enabled=True)
-        systemd.service(name="Restart Docker for the new daemon.json", service="docker.service", running=True,
-                        restarted=True, _if=merged.did_change)
+        merged = docker_ops.daemon_json(
+            name="Merge rigfleet's settings into daemon.json", settings=daemon_settings(context.rig)
+        )
+        systemd.service(
+            name="Docker enabled and running", service="docker.service", running=True, enabled=True
+        )
+        systemd.service(
+            name="Restart Docker for the new daemon.json",
+            service="docker.service",
+            running=True,
+            restarted=True,
+            _if=merged.did_change,
+        )

@@ -41,8 +41,12 @@ def gpu_tuning(context: RigContext) -> None:
             return  # preflight refuses this rig
         rig = context.rig
         rendered = render.host_files(rig)
-        rule = files.put(name="udev rule: /dev/char symlinks for NVIDIA devices", src=StringIO(
-            rendered["udev/71-nvidia-dev-char.rules"]), dest=UDEV_RULE, mode="0644")
+        rule = files.put(
+            name="udev rule: /dev/char symlinks for NVIDIA devices",
+            src=StringIO(rendered["udev/71-nvidia-dev-char.rules"]),
+            dest=UDEV_RULE,
+            mode="0644",
+        )
         server.shell(
             name="Create the /dev/char symlinks now (the rule acts from the next driver load)",
             commands=[
@@ -52,10 +56,19 @@ def gpu_tuning(context: RigContext) -> None:
             ],
             _if=rule.did_change,
         )
-        unit = files.put(name="Power cap and persistence unit", src=StringIO(rendered[f"systemd/{UNIT}"]),
-                         dest=f"/etc/systemd/system/{UNIT}", mode="0644")
+        unit = files.put(
+            name="Power cap and persistence unit",
+            src=StringIO(rendered[f"systemd/{UNIT}"]),
+            dest=f"/etc/systemd/system/{UNIT}",
+            mode="0644",
+        )
         systemd.daemon_reload(name="Reload systemd for the unit", _if=unit.did_change)
         systemd.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)
         # a oneshot that already ran applies new values only when restarted
-        systemd.service(name="Re-apply persistence mode and the power cap", service=UNIT, running=True,
-                        restarted=True, _if=lambda: drifted(rig))
+        systemd.service(
+            name="Re-apply persistence mode and the power cap",
+            service=UNIT,
+            running=True,
+            restarted=True,
+            _if=lambda: drifted(rig),
+        )

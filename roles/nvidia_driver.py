@@ -29,8 +29,13 @@ NOUVEAU_CONF = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
 # driver packages held through these globs (dependencies the metapackages pulled in)
 DEBIAN_HOLD = ["nvidia-*", "libnvidia-*", "libcuda*", "libnvcuvid*", "libnvoptix*", "cuda-drivers*"]
 # the toolkit is held by its own role; kernel-ABI module packages must follow the kernel
-HOLD_EXCLUDE = ["nvidia-container-*", "libnvidia-container*", "linux-modules-nvidia-*",
-                "linux-objects-nvidia-*", "linux-signatures-nvidia-*"]
+HOLD_EXCLUDE = [
+    "nvidia-container-*",
+    "libnvidia-container*",
+    "linux-modules-nvidia-*",
+    "linux-objects-nvidia-*",
+    "linux-signatures-nvidia-*",
+]
 
 
 def cuda_repo(rig: Rig, where: Target) -> AptRepo:
@@ -103,31 +108,58 @@ def nvidia_driver(context: RigContext) -> None:
         if where.distro == "ubuntu":
             specs, held = ubuntu_packages(rig, pin, where)
             apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
-            apt_ops.hold(name="Hold the driver packages", packages=held,
-                         patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
-                         exclude=HOLD_EXCLUDE)
+            apt_ops.hold(
+                name="Hold the driver packages",
+                packages=held,
+                patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
+                exclude=HOLD_EXCLUDE,
+            )
         else:
             repo = cuda_repo(rig, where)
             slug = f"cuda-{where.cuda_slug}-x86_64"
-            apt_ops.keyring(name="CUDA repository key (checked by fingerprint)", src=repo.key_url, dest=CUDA_KEYRING,
-                            fingerprint=repo.key_fingerprint)
+            apt_ops.keyring(
+                name="CUDA repository key (checked by fingerprint)",
+                src=repo.key_url,
+                dest=CUDA_KEYRING,
+                fingerprint=repo.key_fingerprint,
+            )
             # the cuda-keyring package's list names the same URL with another Signed-By: apt would refuse both
-            files.file(name="Remove the cuda-keyring source list", path=f"/etc/apt/sources.list.d/{slug}.list",
-                       present=False)
+            files.file(
+                name="Remove the cuda-keyring source list",
+                path=f"/etc/apt/sources.list.d/{slug}.list",
+                present=False,
+            )
             files.put(
                 name="CUDA repository source (deb822)",
-                src=StringIO(render.render("apt/rigfleet-repo.sources.j2", description="NVIDIA CUDA repository",
-                                           url=repo.url, suite="/", components=[], architectures=[],
-                                           keyring=CUDA_KEYRING)),
+                src=StringIO(
+                    render.render(
+                        "apt/rigfleet-repo.sources.j2",
+                        description="NVIDIA CUDA repository",
+                        url=repo.url,
+                        suite="/",
+                        components=[],
+                        architectures=[],
+                        keyring=CUDA_KEYRING,
+                    )
+                ),
                 dest=f"/etc/apt/sources.list.d/{slug}.sources",
                 mode="0644",
             )
             pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
             driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
             apt_ops.install(name="Driver version lock first", packages=[pinning])
-            apt_ops.install(name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)])
-            apt_ops.hold(name="Hold the driver packages", packages=[pinning, driver], patterns=DEBIAN_HOLD,
-                         exclude=HOLD_EXCLUDE)
+            apt_ops.install(
+                name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)]
+            )
+            apt_ops.hold(
+                name="Hold the driver packages",
+                packages=[pinning, driver],
+                patterns=DEBIAN_HOLD,
+                exclude=HOLD_EXCLUDE,
+            )
 
-        server_ops.driver_reboot(name="Reboot if the driver needs it, then check the GPUs",
-                                 expected_gpus=rig.gpu_count, gpu_name=gpu_name)
+        server_ops.driver_reboot(
+            name="Reboot if the driver needs it, then check the GPUs",
+            expected_gpus=rig.gpu_count,
+            gpu_name=gpu_name,
+        )

@@ -77,9 +77,13 @@ def assess(context: RigContext) -> list[str]:
     info = host.get_fact(Platform)
     where = target_of(info)
     if where is None:
-        found = f"{info.pretty_name or info.id or 'an unknown OS'} on {info.arch or 'an unknown architecture'}"
-        return [f"{found} is not supported: rigfleet needs {SUPPORTED_TEXT}; reinstall the rig or take it "
-                "out of the inventory"]
+        found = (
+            f"{info.pretty_name or info.id or 'an unknown OS'} on {info.arch or 'an unknown architecture'}"
+        )
+        return [
+            f"{found} is not supported: rigfleet needs {SUPPORTED_TEXT}; reinstall the rig or take it "
+            "out of the inventory"
+        ]
     problems = _secure_boot(rig, where) + _headers(rig, where) + _disk(rig) + _gpus(rig)
     return problems
 
@@ -91,13 +95,19 @@ def _secure_boot(rig: Rig, where: Target) -> list[str]:
     if not state.enabled:
         return []
     if where.distro == "debian":
-        fix = ("enroll a DKMS signing key (MOK) from the rig's console, then set secure_boot_key_enrolled: "
-               "true; or turn Secure Boot off in the firmware")
+        fix = (
+            "enroll a DKMS signing key (MOK) from the rig's console, then set secure_boot_key_enrolled: "
+            "true; or turn Secure Boot off in the firmware"
+        )
     else:
-        fix = ("use driver_install: prebuilt (Canonical-signed modules), or enroll a DKMS signing key (MOK) "
-               "and set secure_boot_key_enrolled: true")
-    return [f"Secure Boot is enabled and the NVIDIA module would be built by DKMS and not be signed by an "
-            f"enrolled key, so it would not load; {fix}"]
+        fix = (
+            "use driver_install: prebuilt (Canonical-signed modules), or enroll a DKMS signing key (MOK) "
+            "and set secure_boot_key_enrolled: true"
+        )
+    return [
+        f"Secure Boot is enabled and the NVIDIA module would be built by DKMS and not be signed by an "
+        f"enrolled key, so it would not load; {fix}"
+    ]
 
 
 def _headers(rig: Rig, where: Target) -> list[str]:
@@ -106,9 +116,11 @@ def _headers(rig: Rig, where: Target) -> list[str]:
     headers = host.get_fact(KernelHeaders, meta=headers_metapackage(where))
     if headers.installed or not headers.apt_lists or headers.candidate or headers.meta_candidate:
         return []
-    return [f"DKMS needs kernel headers, and neither linux-headers-{headers.kernel} nor "
-            f"{headers_metapackage(where)} is available from the configured apt sources; add the "
-            "distribution's sources, or boot a distribution kernel"]
+    return [
+        f"DKMS needs kernel headers, and neither linux-headers-{headers.kernel} nor "
+        f"{headers_metapackage(where)} is available from the configured apt sources; add the "
+        "distribution's sources, or boot a distribution kernel"
+    ]
 
 
 def _disk(rig: Rig) -> list[str]:
@@ -125,32 +137,42 @@ def _disk(rig: Rig) -> list[str]:
         same_fs = [u for u in usage.values() if u.mount == found.mount]
         room = (found.avail_kib + sum(u.used_kib for u in same_fs)) / 1024 / 1024
         if room < rig.min_free_disk_gib:
-            problems.append(f"{path} (filesystem {found.mount}) has {room:.0f} GiB for images and weights, "
-                            f"the rig needs {rig.min_free_disk_gib} GiB; free space there, or lower "
-                            "min_free_disk_gib")
+            problems.append(
+                f"{path} (filesystem {found.mount}) has {room:.0f} GiB for images and weights, "
+                f"the rig needs {rig.min_free_disk_gib} GiB; free space there, or lower "
+                "min_free_disk_gib"
+            )
     return problems
 
 
 def _gpus(rig: Rig) -> list[str]:
     smi = host.get_fact(NvidiaSmi)
     if smi.status == "no_devices":
-        return [f"the NVIDIA driver is loaded but sees no GPU (expected {rig.gpu_count}); check the cards' "
-                "seating, power and PCIe slots (and `dmesg | grep -i nvrm`)"]
+        return [
+            f"the NVIDIA driver is loaded but sees no GPU (expected {rig.gpu_count}); check the cards' "
+            "seating, power and PCIe slots (and `dmesg | grep -i nvrm`)"
+        ]
     if not smi.ok:
         return []  # no driver yet, or a mismatch the driver role reboots away
     expected = catalog.gpus()[rig.gpu_model]["name"]
     names = [gpu.name for gpu in smi.gpus]
     problems = []
     if len(names) != rig.gpu_count:
-        problems.append(f"nvidia-smi sees {len(names)} GPU(s), the rig expects {rig.gpu_count}; check the "
-                        "cards' seating and power, or set gpu_count")
+        problems.append(
+            f"nvidia-smi sees {len(names)} GPU(s), the rig expects {rig.gpu_count}; check the "
+            "cards' seating and power, or set gpu_count"
+        )
     wrong = sorted({name for name in names if name != expected})
     if wrong:
-        problems.append(f"nvidia-smi sees {', '.join(wrong)}, the rig expects {expected} (gpu_model: "
-                        f"{rig.gpu_model}); set gpu_model to the cards the rig has")
+        problems.append(
+            f"nvidia-smi sees {', '.join(wrong)}, the rig expects {expected} (gpu_model: "
+            f"{rig.gpu_model}); set gpu_model to the cards the rig has"
+        )
     if rig.nvlink and len(names) > 1 and not host.get_fact(NvidiaTopology).nvlinked():
-        problems.append("nvlink: true, but `nvidia-smi topo -m` shows no NVLink between the GPUs; fit the "
-                        "bridge or set nvlink: false")
+        problems.append(
+            "nvlink: true, but `nvidia-smi topo -m` shows no NVLink between the GPUs; fit the "
+            "bridge or set nvlink: false"
+        )
     return problems
 
 
@@ -159,5 +181,6 @@ def preflight(context: RigContext) -> None:
     with role_scope(1):
         problems = assess(context)
         if problems:
-            server_ops.refuse(name="Refuse the rig (nothing was changed on it)", rig=context.rig.name,
-                              problems=problems)
+            server_ops.refuse(
+                name="Refuse the rig (nothing was changed on it)", rig=context.rig.name, problems=problems
+            )

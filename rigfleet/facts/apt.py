@@ -39,7 +39,7 @@ class KeyringFingerprints(FactBase["list[str] | None"]):
         return (
             f"if [ -f {quoted} ] && command -v gpg >/dev/null 2>&1; then "
             f"gpg --batch --show-keys --with-colons {quoted} 2>/dev/null "
-            "| awk -F: '$1==\"pub\"{pub=1; next} $1==\"fpr\" && pub{print $10; pub=0}'; echo rc=0; fi"
+            '| awk -F: \'$1=="pub"{pub=1; next} $1=="fpr" && pub{print $10; pub=0}\'; echo rc=0; fi'
         )
 
     @override

@@ -141,7 +141,9 @@ def parse_smi_output(lines: list[str]) -> NvidiaSmiState:
     first = body[0].strip() if body else ""
     if MISMATCH in text:
         nvml = re.search(r"NVML library version:\s*(\S+)", text)
-        return NvidiaSmiState("mismatch", exit_code=code, message=first, nvml_version=nvml.group(1) if nvml else None)
+        return NvidiaSmiState(
+            "mismatch", exit_code=code, message=first, nvml_version=nvml.group(1) if nvml else None
+        )
     if NO_DRIVER in text:
         return NvidiaSmiState("no_driver", exit_code=code, message=first)
     if NO_DEVICES in text:

@@ -102,7 +102,9 @@ def parse_secure_boot(lines: list[str]) -> SecureBootState:
         if match:
             return SecureBootState("enabled" if match.group(1) == "1" else "disabled", source, text)
         return SecureBootState("unknown", source, text)
-    return SecureBootState("unsupported", "none", "no EFI firmware interface (legacy BIOS boot or a container)")
+    return SecureBootState(
+        "unsupported", "none", "no EFI firmware interface (legacy BIOS boot or a container)"
+    )
 
 
 class SecureBoot(FactBase[SecureBootState]):
@@ -111,7 +113,8 @@ class SecureBoot(FactBase[SecureBootState]):
     @override
     def command(self) -> str:
         return (
-            "if command -v mokutil >/dev/null 2>&1; then echo source=mokutil; mokutil --sb-state 2>&1 || true; "
+            "if command -v mokutil >/dev/null 2>&1; then echo source=mokutil; mokutil --sb-state 2>&1 || "
+            "true; "
             "elif [ -d /sys/firmware/efi ]; then echo source=efivars; "
             f"if [ -r {SECURE_BOOT_EFIVAR} ]; then "
             f"echo efivar=$(od -An -t u1 {SECURE_BOOT_EFIVAR} | awk '{{print $NF}}'); fi; "
@@ -163,14 +166,15 @@ class DiskSpace(FactBase[dict[str, DiskUsage]]):
         for path in paths:
             quoted = shlex.quote(path)
             used = (
-                f"if [ -d {quoted} ]; then echo \"used=$(du -skx {quoted} 2>/dev/null | cut -f1)\"; "
+                f'if [ -d {quoted} ]; then echo "used=$(du -skx {quoted} 2>/dev/null | cut -f1)"; '
                 "else echo used=0; fi"
                 if path in (measured or [])
                 else "echo used=0"
             )
             parts.append(
-                f"p={quoted}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
-                f"df -Pk \"$p\" | awk -v path={quoted} 'NR==2{{print \"path=\" path \" avail=\" $4 \" mount=\" $6}}'; "
+                f'p={quoted}; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+                f'df -Pk "$p" | awk -v path={quoted} '
+                f'\'NR==2{{print "path=" path " avail=" $4 " mount=" $6}}\'; '
                 f"{used}"
             )
         return "; ".join(parts)
@@ -193,7 +197,10 @@ class DiskSpace(FactBase[dict[str, DiskUsage]]):
             elif line.startswith("used=") and current:
                 used = line.removeprefix("used=").strip() or "0"
                 result[current["path"]] = DiskUsage(
-                    current["path"], current["mount"], int(current["avail"]), int(used) if used.isdigit() else 0
+                    current["path"],
+                    current["mount"],
+                    int(current["avail"]),
+                    int(used) if used.isdigit() else 0,
                 )
                 current = {}
         return result
@@ -222,7 +229,8 @@ class KernelHeaders(FactBase[HeadersState]):
             'if [ -e "/lib/modules/$k/build" ]; then echo installed=yes; else echo installed=no; fi; '
             f'echo "candidate={candidate(chr(34) + "linux-headers-$k" + chr(34))}"; '
             f'echo "meta_candidate={candidate(shlex.quote(meta))}"; '
-            "if ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then echo lists=yes; else echo lists=no; fi"
+            "if ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then echo lists=yes; else echo "
+            "lists=no; fi"
         )
 
     @override

@@ -26,9 +26,12 @@ def key_source(src: str) -> str:
 def keyring_script(src: str, dest: str, fingerprint: str) -> str:
     """Fetch a key, keep only the key with `fingerprint` (binary keyring for Signed-By), or fail."""
     q_src, q_dest, q_fpr = shlex.quote(key_source(src)), shlex.quote(dest), shlex.quote(fingerprint)
-    refusal = shlex.quote(f"rigfleet: the key at {src} does not have fingerprint {fingerprint}; not trusting it")
+    refusal = shlex.quote(
+        f"rigfleet: the key at {src} does not have fingerprint {fingerprint}; not trusting it"
+    )
     return (
-        'set -e; d=$(mktemp -d); trap \'gpgconf --homedir "$d" --kill all >/dev/null 2>&1; rm -rf "$d"\' EXIT; '
+        'set -e; d=$(mktemp -d); trap \'gpgconf --homedir "$d" --kill all >/dev/null 2>&1; rm -rf "$d"\' '
+        'EXIT; '
         f'curl -fsSL --retry 3 -o "$d/key" {q_src}; '
         f'GNUPGHOME="$d" gpg --batch --quiet --import "$d/key"; '
         f'GNUPGHOME="$d" gpg --batch --export {q_fpr} > "$d/keyring"; '
@@ -123,7 +126,9 @@ def kernel_headers(meta: str):
     installed = host.get_fact(DebPackages)
     # headers the archive does not have (an old or a custom kernel) cannot be installed: not a change
     if installed.get(meta) and (headers.installed or headers.candidate is None):
-        host.noop(f"{meta} is installed; headers for {headers.kernel}: {'yes' if headers.installed else 'n/a'}")
+        host.noop(
+            f"{meta} is installed; headers for {headers.kernel}: {'yes' if headers.installed else 'n/a'}"
+        )
         return
     yield "apt-get update"
     # decided after the update: an old running kernel's headers may have left the archive

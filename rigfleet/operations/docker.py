@@ -67,7 +67,8 @@ def daemon_json(settings: dict[str, Any], path: str = DAEMON_JSON):
     yield from files.put._inner(src=StringIO(render_daemon_json(merged)), dest=staged, mode="0644")
     q_staged, q_path = shlex.quote(staged), shlex.quote(path)
     yield StringCommand(
-        f"if dockerd --help 2>&1 | grep -q -- --validate; then dockerd --validate --config-file {q_staged}; fi "
+        "if dockerd --help 2>&1 | grep -q -- --validate; then dockerd --validate --config-file "
+        f"{q_staged}; fi "
         f"&& if [ -f {q_path} ]; then cp -p {q_path} {q_path}.rigfleet-prev; fi && mv -f {q_staged} {q_path}"
     )
 
@@ -133,12 +134,15 @@ def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
         host.noop(f"GPU smoke test passed before for {key}")
         return
     q_image, q_stamp = shlex.quote(image), shlex.quote(stamp)
-    refusal = shlex.quote(f"rigfleet: the GPU smoke container on {host.name} did not see {expected_gpus} GPUs")
+    refusal = shlex.quote(
+        f"rigfleet: the GPU smoke container on {host.name} did not see {expected_gpus} GPUs"
+    )
     yield StringCommand(
         f"set -e; out=$(docker run --rm --gpus all {q_image} nvidia-smi -L); printf '%s\\n' \"$out\"; "
         f"n=$(printf '%s\\n' \"$out\" | grep -c '^GPU [0-9]' || true); "
         f'if [ "$n" -ne {int(expected_gpus)} ]; then echo {refusal} >&2; exit 1; fi; '
-        f"mkdir -p {shlex.quote(stamp.rsplit('/', 1)[0] or '/')}; printf '%s\\n' {shlex.quote(key)} > {q_stamp}"
+        f"mkdir -p {shlex.quote(stamp.rsplit('/', 1)[0] or '/')}; printf '%s\\n' {shlex.quote(key)} > "
+        f"{q_stamp}"
     )
 
 

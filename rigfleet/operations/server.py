@@ -100,7 +100,9 @@ def record_boot_id(state: Any, host: Any, boot_ids: list[str]) -> None:
     boot_ids.append(host.get_fact(BootId))
 
 
-def wait_for_new_boot(state: Any, host: Any, boot_ids: list[str], delay: int, interval: int, timeout: int) -> None:
+def wait_for_new_boot(
+    state: Any, host: Any, boot_ids: list[str], delay: int, interval: int, timeout: int
+) -> None:
     time.sleep(delay)
     clear_askpass_cache(host)
     host.disconnect()
@@ -124,5 +126,7 @@ def verify_gpus(state: Any, host: Any, expected: int, name: str | None) -> None:
         raise RuntimeError(f"{host.name}: after the reboot nvidia-smi reports {smi.status}: {smi.message}")
     names = [gpu.name for gpu in smi.gpus]
     if len(names) != expected or (name and any(found != name for found in names)):
-        raise RuntimeError(f"{host.name}: after the reboot nvidia-smi sees {names}, expected {expected} x {name}")
+        raise RuntimeError(
+            f"{host.name}: after the reboot nvidia-smi sees {names}, expected {expected} x {name}"
+        )
     logger.info(f"{host.print_prefix}nvidia-smi sees {len(names)} GPUs, driver {smi.driver_version}")

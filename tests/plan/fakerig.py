@@ -39,12 +39,18 @@ from rigfleet.loader import Fleet
 from rigfleet.schema import ImageRef, PinSet, Rig
 
 PLATFORMS = {
-    "ubuntu-22.04": PlatformInfo("ubuntu", "22.04", "jammy", "Ubuntu 22.04.5 LTS", "x86_64", "5.15.0-131-generic"),
-    "ubuntu-24.04": PlatformInfo("ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "x86_64", "6.8.0-90-generic"),
-    "debian-12": PlatformInfo("debian", "12", "bookworm", "Debian GNU/Linux 12 (bookworm)", "x86_64",
-                              "6.1.0-41-amd64"),
-    "debian-13": PlatformInfo("debian", "13", "trixie", "Debian GNU/Linux 13 (trixie)", "x86_64",
-                              "6.12.57+deb13-amd64"),
+    "ubuntu-22.04": PlatformInfo(
+        "ubuntu", "22.04", "jammy", "Ubuntu 22.04.5 LTS", "x86_64", "5.15.0-131-generic"
+    ),
+    "ubuntu-24.04": PlatformInfo(
+        "ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "x86_64", "6.8.0-90-generic"
+    ),
+    "debian-12": PlatformInfo(
+        "debian", "12", "bookworm", "Debian GNU/Linux 12 (bookworm)", "x86_64", "6.1.0-41-amd64"
+    ),
+    "debian-13": PlatformInfo(
+        "debian", "13", "trixie", "Debian GNU/Linux 13 (trixie)", "x86_64", "6.12.57+deb13-amd64"
+    ),
 }
 DISTROS = tuple(PLATFORMS)
 GIB_KIB = 1024 * 1024
@@ -53,10 +59,20 @@ RTX_3090 = "NVIDIA GeForce RTX 3090"
 
 def gpus_3090(driver: str, persistence: bool = True, limit: float = 290.0) -> tuple[Gpu, ...]:
     return tuple(
-        Gpu(index=i, name=RTX_3090, uuid=f"GPU-3090000{i}-0000-0000-0000-00000000000{i}",
-            pci_bus_id=f"00000000:0{i + 1}:00.0", memory_total_mib=24576, driver_version=driver,
-            persistence_mode=persistence, power_limit_w=limit, power_min_w=100.0, power_max_w=350.0,
-            power_default_w=350.0, compute_cap="8.6")
+        Gpu(
+            index=i,
+            name=RTX_3090,
+            uuid=f"GPU-3090000{i}-0000-0000-0000-00000000000{i}",
+            pci_bus_id=f"00000000:0{i + 1}:00.0",
+            memory_total_mib=24576,
+            driver_version=driver,
+            persistence_mode=persistence,
+            power_limit_w=limit,
+            power_min_w=100.0,
+            power_max_w=350.0,
+            power_default_w=350.0,
+            compute_cap="8.6",
+        )
         for i in range(2)
     )
 
@@ -76,9 +92,16 @@ class FakeRig:
     packages: dict[str, list[str]] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
-    dirs: set[str] = field(default_factory=lambda: {
-        "/etc/apt/apt.conf.d", "/etc/apt/sources.list.d", "/etc/apt/preferences.d", "/etc/modprobe.d",
-        "/etc/systemd/system", "/etc/udev/rules.d"})
+    dirs: set[str] = field(
+        default_factory=lambda: {
+            "/etc/apt/apt.conf.d",
+            "/etc/apt/sources.list.d",
+            "/etc/apt/preferences.d",
+            "/etc/modprobe.d",
+            "/etc/systemd/system",
+            "/etc/udev/rules.d",
+        }
+    )
     keyrings: dict[str, list[str]] = field(default_factory=dict)
     services: dict[str, tuple[bool, bool]] = field(default_factory=dict)  # unit -> (running, enabled)
     runtimes: list[str] | None = None
@@ -129,8 +152,11 @@ class FakeRig:
         return HeadersState(self.platform.kernel, self.headers_installed, self.headers_candidate, "1", True)
 
     def _systemd(self, services: list[str] | None = None, enabled: bool = False, **_: Any) -> dict[str, bool]:
-        return {unit: state[1 if enabled else 0] for unit, state in self.services.items()
-                if not services or unit in services}
+        return {
+            unit: state[1 if enabled else 0]
+            for unit, state in self.services.items()
+            if not services or unit in services
+        }
 
     def _apt_sources(self) -> list[Any]:
         return [pyinfra_apt.AptRepo("deb", self.debian_mirror, self.platform.codename, ["main"], {})]
@@ -181,12 +207,19 @@ class Plan:
 
 
 def context_for(platform: str = "debian-13", **rig_fields: Any) -> RigContext:
-    fields: dict[str, Any] = {"name": "rig-01", "ssh_hostname": "192.0.2.10", "pinset": "test",
-                              "variant": "int8", "model_dir": "/srv/models", "power_limit_w": 290}
+    fields: dict[str, Any] = {
+        "name": "rig-01",
+        "ssh_hostname": "192.0.2.10",
+        "pinset": "test",
+        "variant": "int8",
+        "model_dir": "/srv/models",
+        "power_limit_w": 290,
+    }
     fields.update(rig_fields)
     rig = Rig(**fields)
-    pinset = PinSet(name="test", base_image=ImageRef(repository="vllm/vllm-openai", tag="v0.21.0"),
-                    vllm_version="0.21.0")
+    pinset = PinSet(
+        name="test", base_image=ImageRef(repository="vllm/vllm-openai", tag="v0.21.0"), vllm_version="0.21.0"
+    )
     fleet = Fleet(Path("/nonexistent"), (rig,), {"test": pinset})
     return RigContext(fleet, rig, pinset, catalog.variants()[rig.variant])
 
@@ -203,12 +236,19 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
 
     events: list[tuple[str, str]] = []
     uploads: dict[str, str] = {}
-    inventory = Inventory(([f"@fake/{context.rig.name}"], {
-        "fake_delay": 0,
-        "fake_delay_jitter": 0,
-        # refusals and other deliberate stops are commands that fail on a real rig
-        "fake_responses": {re.compile(r"^(echo|printf) .*>&2; exit 1$"): {"success": False, "stderr": "stopped"}},
-    }))
+    inventory = Inventory(
+        (
+            [f"@fake/{context.rig.name}"],
+            {
+                "fake_delay": 0,
+                "fake_delay_jitter": 0,
+                # refusals and other deliberate stops are commands that fail on a real rig
+                "fake_responses": {
+                    re.compile(r"^(echo|printf) .*>&2; exit 1$"): {"success": False, "stderr": "stopped"}
+                },
+            },
+        )
+    )
     state = State(inventory, Config(FAIL_PERCENT=100))
     connect_all(state)
     host = next(iter(inventory))

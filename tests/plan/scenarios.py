@@ -31,17 +31,31 @@ def docker_versions(distro: str, source: str) -> dict[str, str]:
     platform = PLATFORMS[distro]
     if source == "docker-ce":
         suffix = f"{platform.id}.{platform.version_id}~{platform.codename}"
-        return {"docker-ce": f"5:28.3.3-1~{suffix}", "docker-ce-cli": f"5:28.3.3-1~{suffix}",
-                "containerd.io": "1.7.27-1", "docker-buildx-plugin": f"0.26.1-1~{suffix}",
-                "docker-compose-plugin": f"2.39.1-1~{suffix}"}
+        return {
+            "docker-ce": f"5:28.3.3-1~{suffix}",
+            "docker-ce-cli": f"5:28.3.3-1~{suffix}",
+            "containerd.io": "1.7.27-1",
+            "docker-buildx-plugin": f"0.26.1-1~{suffix}",
+            "docker-compose-plugin": f"2.39.1-1~{suffix}",
+        }
     return {
-        "ubuntu-22.04": {"docker.io": "27.5.1-0ubuntu3~22.04.2", "docker-compose-v2": "2.24.6-0ubuntu1~22.04.1",
-                         "docker-buildx": "0.21.3-0ubuntu1~22.04.1"},
-        "ubuntu-24.04": {"docker.io": "27.5.1-0ubuntu3~24.04.2", "docker-compose-v2": "2.33.1+ds1-0ubuntu1~24.04.1",
-                         "docker-buildx": "0.21.3-0ubuntu1~24.04.1"},
+        "ubuntu-22.04": {
+            "docker.io": "27.5.1-0ubuntu3~22.04.2",
+            "docker-compose-v2": "2.24.6-0ubuntu1~22.04.1",
+            "docker-buildx": "0.21.3-0ubuntu1~22.04.1",
+        },
+        "ubuntu-24.04": {
+            "docker.io": "27.5.1-0ubuntu3~24.04.2",
+            "docker-compose-v2": "2.33.1+ds1-0ubuntu1~24.04.1",
+            "docker-buildx": "0.21.3-0ubuntu1~24.04.1",
+        },
         "debian-12": {"docker.io": "20.10.24+dfsg1-1+deb12u1+b6", "docker-compose": "2.26.1-4"},
-        "debian-13": {"docker.io": "26.1.5+dfsg1-9+deb13u1+b1", "docker-cli": "26.1.5+dfsg1-9+deb13u1+b1",
-                      "docker-compose": "2.26.1-4", "docker-buildx": "0.13.1+ds1-3"},
+        "debian-13": {
+            "docker.io": "26.1.5+dfsg1-9+deb13u1+b1",
+            "docker-cli": "26.1.5+dfsg1-9+deb13u1+b1",
+            "docker-compose": "2.26.1-4",
+            "docker-buildx": "0.13.1+ds1-3",
+        },
     }[distro]
 
 
@@ -51,19 +65,33 @@ def driver_packages(context: RigContext, distro: str) -> dict[str, str]:
         release = PLATFORMS[distro].version_id
         deb = f"{DRIVER}-0ubuntu0.{release}.1"
         flavour = "-open" if rig.driver_module == "open" else ""
-        packages = {"nvidia-utils-580-server": deb, "libnvidia-compute-580-server": deb,
-                    "nvidia-kernel-common-580-server": deb}
+        packages = {
+            "nvidia-utils-580-server": deb,
+            "libnvidia-compute-580-server": deb,
+            "nvidia-kernel-common-580-server": deb,
+        }
         if rig.driver_install == "dkms":
-            packages |= {f"nvidia-headless-580-server{flavour}": deb, f"nvidia-dkms-580-server{flavour}": deb,
-                         "linux-headers-generic": "6.8.0.90.90"}
+            packages |= {
+                f"nvidia-headless-580-server{flavour}": deb,
+                f"nvidia-dkms-580-server{flavour}": deb,
+                "linux-headers-generic": "6.8.0.90.90",
+            }
         else:
-            packages |= {f"nvidia-headless-no-dkms-580-server{flavour}": deb,
-                         f"linux-modules-nvidia-580-server{flavour}-generic": "6.8.0-90.91+1"}
+            packages |= {
+                f"nvidia-headless-no-dkms-580-server{flavour}": deb,
+                f"linux-modules-nvidia-580-server{flavour}-generic": "6.8.0-90.91+1",
+            }
         return packages
     deb = f"{DRIVER}-1"
     driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
-    return {"nvidia-driver-pinning-580": deb, driver: deb, "nvidia-kernel-open-dkms": deb,
-            "nvidia-driver-cuda": deb, "libnvidia-compute": deb, "linux-headers-amd64": "6.12.57-1"}
+    return {
+        "nvidia-driver-pinning-580": deb,
+        driver: deb,
+        "nvidia-kernel-open-dkms": deb,
+        "nvidia-driver-cuda": deb,
+        "libnvidia-compute": deb,
+        "linux-headers-amd64": "6.12.57-1",
+    }
 
 
 def held_packages(packages: dict[str, str]) -> list[str]:
@@ -83,13 +111,21 @@ def converged(context: RigContext, distro: str, **changes: Any) -> FakeRig:
     docker = docker_versions(distro, rig.docker_source)
     packages = {"ca-certificates": "20250419", "curl": "8.14.1-2", "gpg": "2.4.7-21"}
     packages |= driver_packages(context, distro) | docker
-    packages |= {name: TOOLKIT for name in ("nvidia-container-toolkit", "nvidia-container-toolkit-base",
-                                            "libnvidia-container-tools", "libnvidia-container1")}
+    packages |= {
+        name: TOOLKIT
+        for name in (
+            "nvidia-container-toolkit",
+            "nvidia-container-toolkit-base",
+            "libnvidia-container-tools",
+            "libnvidia-container1",
+        )
+    }
     engine = docker.get("docker-ce") or docker["docker.io"]
     image = "rigfleet/smoke:local" if rig.smoke_image == "local" else rig.smoke_image
     written[SMOKE_STAMP] = f"image={image} driver={DRIVER} toolkit={TOOLKIT} docker={engine}\n"
-    keyrings = {path: [fpr] for path, fpr in FINGERPRINTS.items()
-                if distro.startswith("debian") or "cuda" not in path}
+    keyrings = {
+        path: [fpr] for path, fpr in FINGERPRINTS.items() if distro.startswith("debian") or "cuda" not in path
+    }
     state = start.with_(
         headers_installed=True,
         smi=NvidiaSmiState("ok", gpus_3090(DRIVER, persistence=True, limit=290.0), exit_code=0),
@@ -107,6 +143,10 @@ def converged(context: RigContext, distro: str, **changes: Any) -> FakeRig:
 def mismatched(context: RigContext, distro: str) -> FakeRig:
     """Converged, then the driver's user space moved behind rigfleet's back: NVML refuses until a reboot."""
     healthy = converged(context, distro, boot_id="99999999-8888-7777-6666-555555555555")
-    smi = NvidiaSmiState("mismatch", exit_code=18, message="Failed to initialize NVML: Driver/library version mismatch",
-                         nvml_version="580.95")
+    smi = NvidiaSmiState(
+        "mismatch",
+        exit_code=18,
+        message="Failed to initialize NVML: Driver/library version mismatch",
+        nvml_version="580.95",
+    )
     return converged(context, distro, smi=smi, after_reboot=healthy)

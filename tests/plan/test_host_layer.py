@@ -22,18 +22,26 @@ from tests.plan.fakerig import DISTROS, PLATFORMS, Plan, context_for, gpus_3090,
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "host-layer"
 UPDATE = os.environ.get("RIGFLEET_UPDATE_GOLDEN") == "1"
-APT_INSTALL = ('DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
-               '-o Dpkg::Options::="--force-confold" install --allow-change-held-packages --allow-downgrades')
+APT_INSTALL = (
+    'DEBIAN_FRONTEND=noninteractive apt-get -y -o Dpkg::Options::="--force-confdef" '
+    '-o Dpkg::Options::="--force-confold" install --allow-change-held-packages --allow-downgrades'
+)
 REBOOT = [
-    ("run", "if [ -f /opt/rigfleet/current/compose.yaml ] && command -v docker >/dev/null 2>&1; then "
-            "docker compose -f /opt/rigfleet/current/compose.yaml stop; fi"),
+    (
+        "run",
+        "if [ -f /opt/rigfleet/current/compose.yaml ] && command -v docker >/dev/null 2>&1; then "
+        "docker compose -f /opt/rigfleet/current/compose.yaml stop; fi",
+    ),
     ("call", "forget_askpass"),
     ("call", "record_boot_id"),
     ("run", "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"),
     ("call", "wait_for_new_boot"),
     ("call", "verify_gpus"),
-    ("run", "if [ -f /opt/rigfleet/current/compose.yaml ] && command -v docker >/dev/null 2>&1; then "
-            "docker compose -f /opt/rigfleet/current/compose.yaml start; fi"),
+    (
+        "run",
+        "if [ -f /opt/rigfleet/current/compose.yaml ] && command -v docker >/dev/null 2>&1; then "
+        "docker compose -f /opt/rigfleet/current/compose.yaml start; fi",
+    ),
 ]
 RESTART_DOCKER = ("run", "systemctl restart docker.service")
 
@@ -58,11 +66,14 @@ def check_golden(name: str, result: Plan) -> None:
 
 
 def refusal(*problems: str) -> list[tuple[str, str]]:
-    quoted = " ".join(f"'{line}'" for line in ("rigfleet: refusing to deploy rig-01:", *(f"  - {p}" for p in problems)))
+    quoted = " ".join(
+        f"'{line}'" for line in ("rigfleet: refusing to deploy rig-01:", *(f"  - {p}" for p in problems))
+    )
     return [("run", f"printf '%s\\n' {quoted} >&2; exit 1")]
 
 
 # --- fresh -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("docker_source", ["docker-ce", "distro"])
 @pytest.mark.parametrize("distro", DISTROS)
@@ -78,8 +89,11 @@ def test_fresh_key_steps(distro: str) -> None:
     result = plan(context_for(distro), scenarios.fresh(distro))
     commands = result.commands
     if distro.startswith("ubuntu"):
-        assert f"{APT_INSTALL} linux-modules-nvidia-580-server-open-generic nvidia-headless-no-dkms-580-server-open " \
-               "nvidia-utils-580-server" in commands
+        assert (
+            f"{APT_INSTALL} linux-modules-nvidia-580-server-open-generic "
+            "nvidia-headless-no-dkms-580-server-open "
+            "nvidia-utils-580-server" in commands
+        )
         assert "apt-mark hold nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server" in commands
         assert not any("cuda" in c and "sources" in c for c in commands)
     else:
@@ -88,8 +102,11 @@ def test_fresh_key_steps(distro: str) -> None:
         assert commands.index(pinning) < commands.index(driver), "the pinning package goes in first"
         assert "apt-mark hold nvidia-driver-pinning-580 nvidia-open" in commands
         assert result.uploads[f"/etc/apt/sources.list.d/cuda-{slug}-x86_64.sources"].splitlines()[1:] == [
-            "Types: deb", f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{slug}/x86_64/",
-            "Suites: /", "Signed-By: /etc/apt/keyrings/rigfleet-cuda.gpg"]
+            "Types: deb",
+            f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{slug}/x86_64/",
+            "Suites: /",
+            "Signed-By: /etc/apt/keyrings/rigfleet-cuda.gpg",
+        ]
         headers = next(c for c in commands if "linux-headers-amd64" in c)
         assert commands.index(headers) < commands.index(driver), "DKMS needs the headers before the driver"
     assert result.events[-9:] == [
@@ -104,7 +121,10 @@ def test_fresh_key_steps(distro: str) -> None:
         ("run", "systemctl enable rigfleet-gpu-tuning.service"),
     ]
     unit = result.uploads["/etc/systemd/system/rigfleet-gpu-tuning.service"]
-    assert "ExecStart=/usr/bin/nvidia-smi -i 0 -pl 290" in unit and "ExecStart=/usr/bin/nvidia-smi -i 1 -pl 290" in unit
+    assert (
+        "ExecStart=/usr/bin/nvidia-smi -i 0 -pl 290" in unit
+        and "ExecStart=/usr/bin/nvidia-smi -i 1 -pl 290" in unit
+    )
 
 
 def test_bookworm_compose_v2_comes_from_trixie_only() -> None:
@@ -112,13 +132,17 @@ def test_bookworm_compose_v2_comes_from_trixie_only() -> None:
     assert result.uploads["/etc/apt/preferences.d/rigfleet-compose-from-trixie.pref"].endswith(
         "Package: *\nPin: release n=trixie\nPin-Priority: -1\n\n"
         "Explanation: rigfleet: but Compose v2 from trixie\n"
-        "Package: docker-compose\nPin: release n=trixie\nPin-Priority: 990\n")
-    assert "Suites: trixie\nComponents: main\n" in result.uploads[
-        "/etc/apt/sources.list.d/rigfleet-trixie-compose.sources"]
+        "Package: docker-compose\nPin: release n=trixie\nPin-Priority: 990\n"
+    )
+    assert (
+        "Suites: trixie\nComponents: main\n"
+        in result.uploads["/etc/apt/sources.list.d/rigfleet-trixie-compose.sources"]
+    )
     assert f"{APT_INSTALL} docker.io docker-compose" in result.commands
 
 
 # --- converged: a second run changes nothing -------------------------------------------------
+
 
 @pytest.mark.parametrize("docker_source", ["docker-ce", "distro"])
 @pytest.mark.parametrize("distro", DISTROS)
@@ -130,8 +154,12 @@ def test_converged_is_zero_changes(distro: str, docker_source: str) -> None:
 
 @pytest.mark.parametrize("distro", ["ubuntu-24.04", "debian-13"])
 def test_converged_variants_are_zero_changes(distro: str) -> None:
-    for fields in ({"driver_install": "dkms"}, {"driver_module": "proprietary"}, {"smoke_image": "local"},
-                   {"cdi": True}):
+    for fields in (
+        {"driver_install": "dkms"},
+        {"driver_module": "proprietary"},
+        {"smoke_image": "local"},
+        {"cdi": True},
+    ):
         context = context_for(distro, **fields)
         rig = scenarios.converged(context, distro)
         if fields.get("cdi"):
@@ -142,6 +170,7 @@ def test_converged_variants_are_zero_changes(distro: str) -> None:
 
 
 # --- driver/library mismatch: one reboot, checked by boot id and nvidia-smi ----------------
+
 
 @pytest.mark.parametrize("distro", DISTROS)
 def test_driver_mismatch_plans_one_reboot(distro: str) -> None:
@@ -156,34 +185,49 @@ def test_reboot_required_or_module_not_loaded(distro: str) -> None:
     healthy = scenarios.converged(context, distro, boot_id="after")
     pending = scenarios.converged(context, distro, reboot_required=True, after_reboot=healthy)
     assert plan(context, pending).events == REBOOT
-    unloaded = scenarios.converged(context, distro, smi=NvidiaSmiState("no_driver", exit_code=9),
-                                   after_reboot=healthy)
+    unloaded = scenarios.converged(
+        context, distro, smi=NvidiaSmiState("no_driver", exit_code=9), after_reboot=healthy
+    )
     assert plan(context, unloaded).events == REBOOT
 
 
 # --- Secure Boot with a DKMS module: refused before anything changes -----------------------
 
 SB_ON = SecureBootState("enabled", "mokutil", "SecureBoot enabled")
+
+
 @pytest.mark.parametrize("distro", ["debian-12", "debian-13"])
 def test_secure_boot_dkms_debian_refused(distro: str) -> None:
     result = plan(context_for(distro), scenarios.fresh(distro, secure_boot=SB_ON))
     assert result.failed
-    assert result.events == [("run", (
-        "printf '%s\\n' 'rigfleet: refusing to deploy rig-01:' '  - Secure Boot is enabled and the NVIDIA module "
-        "would be built by DKMS and not be signed by an enrolled key, so it would not load; enroll a DKMS signing "
-        "key (MOK) from the rig'\"'\"'s console, then set secure_boot_key_enrolled: true; or turn Secure Boot off "
-        "in the firmware' >&2; exit 1"))]
+    assert result.events == [
+        (
+            "run",
+            (
+                "printf '%s\\n' 'rigfleet: refusing to deploy rig-01:' '  - Secure Boot is enabled and "
+                "the NVIDIA module would be built by DKMS and not be signed by an enrolled key, so it would "
+                "not load; enroll a DKMS signing key (MOK) from the rig'\"'\"'s console, then set "
+                "secure_boot_key_enrolled: true; or turn Secure Boot off in the firmware' >&2; exit 1"
+            ),
+        )
+    ]
 
 
 @pytest.mark.parametrize("distro", ["ubuntu-22.04", "ubuntu-24.04"])
 def test_secure_boot_dkms_ubuntu_refused(distro: str) -> None:
     result = plan(context_for(distro, driver_install="dkms"), scenarios.fresh(distro, secure_boot=SB_ON))
     assert result.failed
-    assert result.events == [("run", (
-        "printf '%s\\n' 'rigfleet: refusing to deploy rig-01:' '  - Secure Boot is enabled and the NVIDIA module "
-        "would be built by DKMS and not be signed by an enrolled key, so it would not load; use driver_install: "
-        "prebuilt (Canonical-signed modules), or enroll a DKMS signing key (MOK) and set "
-        "secure_boot_key_enrolled: true' >&2; exit 1"))]
+    assert result.events == [
+        (
+            "run",
+            (
+                "printf '%s\\n' 'rigfleet: refusing to deploy rig-01:' '  - Secure Boot is enabled and "
+                "the NVIDIA module would be built by DKMS and not be signed by an enrolled key, so it would "
+                "not load; use driver_install: prebuilt (Canonical-signed modules), or enroll a DKMS signing "
+                "key (MOK) and set secure_boot_key_enrolled: true' >&2; exit 1"
+            ),
+        )
+    ]
 
 
 @pytest.mark.parametrize("distro", DISTROS)
@@ -195,9 +239,13 @@ def test_secure_boot_allowed_with_signed_modules_or_enrolled_key(distro: str) ->
 
 # --- daemon.json with keys rigfleet does not own: kept --------------------------------------
 
-FOREIGN = {"bip": "172.31.0.1/16", "registry-mirrors": ["https://mirror.example.internal"],
-           "log-driver": "syslog", "log-opts": {"tag": "{{.Name}}"}, "default-ulimits": {"memlock": {
-               "Name": "memlock", "Hard": -1, "Soft": -1}}}
+FOREIGN = {
+    "bip": "172.31.0.1/16",
+    "registry-mirrors": ["https://mirror.example.internal"],
+    "log-driver": "syslog",
+    "log-opts": {"tag": "{{.Name}}"},
+    "default-ulimits": {"memlock": {"Name": "memlock", "Hard": -1, "Soft": -1}},
+}
 
 
 @pytest.mark.parametrize("distro", DISTROS)
@@ -211,9 +259,13 @@ def test_daemon_json_foreign_keys_kept(distro: str) -> None:
     assert result.events == [
         ("upload", staged),
         ("run", f"chmod 644 {staged}"),
-        ("run", f"if dockerd --help 2>&1 | grep -q -- --validate; then dockerd --validate --config-file {staged}; fi "
-                "&& if [ -f /etc/docker/daemon.json ]; then cp -p /etc/docker/daemon.json "
-                f"/etc/docker/daemon.json.rigfleet-prev; fi && mv -f {staged} /etc/docker/daemon.json"),
+        (
+            "run",
+            "if dockerd --help 2>&1 | grep -q -- --validate; then "
+            f"dockerd --validate --config-file {staged}; fi "
+            "&& if [ -f /etc/docker/daemon.json ]; then cp -p /etc/docker/daemon.json "
+            f"/etc/docker/daemon.json.rigfleet-prev; fi && mv -f {staged} /etc/docker/daemon.json",
+        ),
         RESTART_DOCKER,
     ]
     assert json.loads(result.uploads[staged]) == {
@@ -244,39 +296,63 @@ def test_runtime_missing_from_daemon_json_runs_nvidia_ctk_and_restarts() -> None
     daemon = json.loads(rig.files["/etc/docker/daemon.json"])
     del daemon["runtimes"]
     rig.files["/etc/docker/daemon.json"] = json.dumps(daemon, indent=4, sort_keys=True) + "\n"
-    assert plan(context, rig).events == [("run", "nvidia-ctk runtime configure --runtime=docker"), RESTART_DOCKER]
+    assert plan(context, rig).events == [
+        ("run", "nvidia-ctk runtime configure --runtime=docker"),
+        RESTART_DOCKER,
+    ]
 
 
 # --- unsupported platforms: refused ----------------------------------------------------------
 
-@pytest.mark.parametrize(("platform", "found"), [
-    (PlatformInfo("ubuntu", "20.04", "focal", "Ubuntu 20.04.6 LTS", "x86_64", "5.4.0-200-generic"),
-     "Ubuntu 20.04.6 LTS on x86_64"),
-    (PlatformInfo("debian", "11", "bullseye", "Debian GNU/Linux 11 (bullseye)", "x86_64", "5.10.0-35-amd64"),
-     "Debian GNU/Linux 11 (bullseye) on x86_64"),
-    (PlatformInfo("ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "aarch64", "6.8.0-90-generic"),
-     "Ubuntu 24.04.3 LTS on aarch64"),
-    (PlatformInfo("rocky", "9.6", "", "Rocky Linux 9.6 (Blue Onyx)", "x86_64", "5.14.0-570.el9.x86_64"),
-     "Rocky Linux 9.6 (Blue Onyx) on x86_64"),
-])
+
+@pytest.mark.parametrize(
+    ("platform", "found"),
+    [
+        (
+            PlatformInfo("ubuntu", "20.04", "focal", "Ubuntu 20.04.6 LTS", "x86_64", "5.4.0-200-generic"),
+            "Ubuntu 20.04.6 LTS on x86_64",
+        ),
+        (
+            PlatformInfo(
+                "debian", "11", "bullseye", "Debian GNU/Linux 11 (bullseye)", "x86_64", "5.10.0-35-amd64"
+            ),
+            "Debian GNU/Linux 11 (bullseye) on x86_64",
+        ),
+        (
+            PlatformInfo("ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "aarch64", "6.8.0-90-generic"),
+            "Ubuntu 24.04.3 LTS on aarch64",
+        ),
+        (
+            PlatformInfo(
+                "rocky", "9.6", "", "Rocky Linux 9.6 (Blue Onyx)", "x86_64", "5.14.0-570.el9.x86_64"
+            ),
+            "Rocky Linux 9.6 (Blue Onyx) on x86_64",
+        ),
+    ],
+)
 def test_unsupported_platform_refused(platform: PlatformInfo, found: str) -> None:
     from tests.plan.fakerig import FakeRig
 
     result = plan(context_for("debian-13"), FakeRig(platform))
     assert result.failed
     assert result.events == refusal(
-        f"{found} is not supported: rigfleet needs Ubuntu 22.04, Ubuntu 24.04, Debian 12 or Debian 13 on x86_64; "
-        "reinstall the rig or take it out of the inventory")
+        f"{found} is not supported: rigfleet needs Ubuntu 22.04, Ubuntu 24.04, Debian 12 or Debian 13 "
+        "on x86_64; "
+        "reinstall the rig or take it out of the inventory"
+    )
 
 
 # --- other preflight refusals -----------------------------------------------------------------
+
 
 def test_gpus_seen_against_expected() -> None:
     context = context_for("ubuntu-24.04")
     one_gpu = NvidiaSmiState("ok", gpus_3090(scenarios.DRIVER)[:1], exit_code=0)
     result = plan(context, scenarios.converged(context, "ubuntu-24.04", smi=one_gpu))
-    assert result.events == refusal("nvidia-smi sees 1 GPU(s), the rig expects 2; check the cards' seating and power, "
-                                    "or set gpu_count".replace("'", "'\"'\"'"))
+    assert result.events == refusal(
+        "nvidia-smi sees 1 GPU(s), the rig expects 2; check the cards' seating and power, "
+        "or set gpu_count".replace("'", "'\"'\"'")
+    )
     assert result.failed
 
 
@@ -284,8 +360,9 @@ def test_not_enough_disk() -> None:
     context = context_for("debian-13", min_free_disk_gib=80)
     result = plan(context, scenarios.fresh("debian-13", free_gib=40))
     assert result.events == refusal(
-        "/srv/models (filesystem /) has 40 GiB for images and weights, the rig needs 80 GiB; free space there, "
-        "or lower min_free_disk_gib")
+        "/srv/models (filesystem /) has 40 GiB for images and weights, the rig needs 80 GiB; "
+        "free space there, or lower min_free_disk_gib"
+    )
 
 
 def test_dkms_without_any_kernel_headers_refused() -> None:
@@ -293,20 +370,25 @@ def test_dkms_without_any_kernel_headers_refused() -> None:
 
     def no_headers(self: FakeRig, meta: str) -> object:
         from rigfleet.facts.system import HeadersState
+
         return HeadersState(self.platform.kernel, False, None, None, True)
 
     rig = scenarios.fresh("debian-12")
     with pytest.MonkeyPatch.context() as patch:
         from rigfleet.facts import system
         from tests.plan import fakerig
+
         patch.setitem(fakerig.FACTS, system.KernelHeaders, no_headers)
         result = plan(context_for("debian-12"), rig)
     assert result.events == refusal(
-        "DKMS needs kernel headers, and neither linux-headers-6.1.0-41-amd64 nor linux-headers-amd64 is available "
-        "from the configured apt sources; add the distribution'\"'\"'s sources, or boot a distribution kernel")
+        "DKMS needs kernel headers, and neither linux-headers-6.1.0-41-amd64 nor linux-headers-amd64 "
+        "is available from the configured apt sources; add the distribution'\"'\"'s sources, or boot a "
+        "distribution kernel"
+    )
 
 
 # --- drift and re-pins -------------------------------------------------------------------------
+
 
 def test_power_limit_drift_reapplies_the_unit() -> None:
     context = context_for("debian-13")
@@ -316,8 +398,12 @@ def test_power_limit_drift_reapplies_the_unit() -> None:
 
 
 def test_repin_moves_held_packages_to_the_pinned_versions() -> None:
-    context = with_pins(context_for("debian-12"), driver=DriverPin(branch=580, version="580.105.08"),
-                        toolkit=PackagePin(version="1.18.1"), docker=PackagePin(version="28.5.2"))
+    context = with_pins(
+        context_for("debian-12"),
+        driver=DriverPin(branch=580, version="580.105.08"),
+        toolkit=PackagePin(version="1.18.1"),
+        docker=PackagePin(version="28.5.2"),
+    )
     result = plan(context, scenarios.converged(context, "debian-12"))
     assert [c for c in result.commands if c.startswith(APT_INSTALL) or c.startswith("apt-mark")] == [
         f"{APT_INSTALL} nvidia-driver-pinning-580.105.08",

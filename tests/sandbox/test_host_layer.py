@@ -42,8 +42,12 @@ DEPLOY_FILE = os.environ.get("RIGFLEET_E2E_DEPLOY", "deploy.py")
 POWER_LIMIT_W = 280
 FOREIGN = {"max-concurrent-downloads": 4, "labels": ["rigfleet-test=foreign-key"]}
 DRIVER_HELD = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda"}
-TOOLKIT_HELD = {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
-                "libnvidia-container1"}
+TOOLKIT_HELD = {
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+}
 REBOOT_OP = "NVIDIA driver | Reboot if the driver needs it, then check the GPUs"
 SMOKE_OP = "NVIDIA Container Toolkit | GPU smoke container"
 
@@ -69,8 +73,14 @@ def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def deploy(inventory: Path) -> dict[str, Any]:
     """The operator's converge; pyinfra's JSON results (its log goes to stderr, printed on failure)."""
     env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
-    proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", "inventory.py", DEPLOY_FILE],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", "inventory.py", DEPLOY_FILE],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEPLOY_TIMEOUT_S,
+    )
     print(proc.stderr[-8000:])
     assert proc.returncode == 0, "the deploy failed (its log is above)"
     results = dict(json.loads(proc.stdout)["results"])
@@ -92,8 +102,11 @@ def run(sandbox: Sandbox, command: str, check: bool = True) -> subprocess.Comple
 
 
 def gpus(sandbox: Sandbox) -> list[list[str]]:
-    out = run(sandbox, "nvidia-smi --query-gpu=index,name,persistence_mode,power.limit,driver_version "
-                       "--format=csv,noheader,nounits").stdout
+    out = run(
+        sandbox,
+        "nvidia-smi --query-gpu=index,name,persistence_mode,power.limit,driver_version "
+        "--format=csv,noheader,nounits",
+    ).stdout
     return [[cell.strip() for cell in line.split(",")] for line in out.splitlines() if line.strip()]
 
 
@@ -112,8 +125,11 @@ def boot_id(sandbox: Sandbox) -> str:
 
 def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path) -> None:
     # an operator's own daemon.json before rigfleet ever ran: its keys must survive
-    run(sandbox, f"sudo mkdir -p /etc/docker && echo {json.dumps(json.dumps(FOREIGN))} | sudo tee "
-                 "/etc/docker/daemon.json")
+    run(
+        sandbox,
+        f"sudo mkdir -p /etc/docker && echo {json.dumps(json.dumps(FOREIGN))} | sudo tee "
+        "/etc/docker/daemon.json",
+    )
     seen["boots"] = boots()
 
     results = deploy(inventory)
@@ -152,8 +168,11 @@ def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox, inve
     # "the other" version is the one an unattended or manual apt run could move the rig to
     other = next(v for v in DRIVER_VERSIONS if v != seen["driver"])
     run(sandbox, "sudo apt-mark unhold " + " ".join(sorted(DRIVER_HELD)))
-    run(sandbox, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-                 + " ".join(f"{p}={other}-1" for p in sorted(DRIVER_HELD - {"nvidia-driver-pinning-580"})))
+    run(
+        sandbox,
+        "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+        + " ".join(f"{p}={other}-1" for p in sorted(DRIVER_HELD - {"nvidia-driver-pinning-580"})),
+    )
     broken = run(sandbox, "nvidia-smi -L", check=False)
     assert broken.returncode != 0 and "Driver/library version mismatch" in broken.stdout + broken.stderr
     before, booted = boot_id(sandbox), boots()

@@ -61,10 +61,20 @@ def test_h200_real_capture() -> None:
     state = NvidiaSmi().process(smi_fact_output(H200 / "query-gpu-csv.txt"))
     assert state.ok and state.exit_code == 0
     assert state.gpus == (
-        Gpu(index=0, name="NVIDIA H200", uuid="GPU-00000000-1111-2222-3333-444444444444",
-            pci_bus_id="00000000:00:06.0", memory_total_mib=143771, driver_version="580.159.04",
-            persistence_mode=True, power_limit_w=700.0, power_min_w=200.0, power_max_w=700.0,
-            power_default_w=700.0, compute_cap="9.0"),
+        Gpu(
+            index=0,
+            name="NVIDIA H200",
+            uuid="GPU-00000000-1111-2222-3333-444444444444",
+            pci_bus_id="00000000:00:06.0",
+            memory_total_mib=143771,
+            driver_version="580.159.04",
+            persistence_mode=True,
+            power_limit_w=700.0,
+            power_min_w=200.0,
+            power_max_w=700.0,
+            power_default_w=700.0,
+            compute_cap="9.0",
+        ),
     )
     assert state.driver_version == "580.159.04"
 
@@ -73,7 +83,12 @@ def test_h200_real_capture_with_header_and_units() -> None:
     command, lines, _ = one(H200 / "query-gpu-csv-header.txt")
     fields = tuple(re.search(r"--query-gpu=(\S+)", command).group(1).split(","))  # type: ignore[union-attr]
     [gpu] = parse_query_gpu(lines, fields)
-    assert (gpu.memory_total_mib, gpu.power_limit_w, gpu.power_min_w, gpu.power_max_w) == (143771, 700.0, 200.0, 700.0)
+    assert (gpu.memory_total_mib, gpu.power_limit_w, gpu.power_min_w, gpu.power_max_w) == (
+        143771,
+        700.0,
+        200.0,
+        700.0,
+    )
     assert gpu.power_default_w is None  # not queried in that capture
     assert gpu.persistence_mode is True and gpu.compute_cap == "9.0"
 
@@ -116,11 +131,19 @@ def test_absent_and_garbage() -> None:
     assert NvidiaSmi().process(["No devices were found", "rc=6"]).status == "no_devices"
 
 
-@pytest.mark.parametrize(("fixture", "expected"), [
-    (H200 / "nvidia-smi-L.txt", [(0, "NVIDIA H200", "GPU-00000000-1111-2222-3333-444444444444")]),
-    (RTX3090 / "nvidia-smi-L.txt", [(0, "NVIDIA GeForce RTX 3090", "GPU-30900000-1111-2222-3333-444444444444"),
-                                    (1, "NVIDIA GeForce RTX 3090", "GPU-30900001-1111-2222-3333-444444444444")]),
-])
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        (H200 / "nvidia-smi-L.txt", [(0, "NVIDIA H200", "GPU-00000000-1111-2222-3333-444444444444")]),
+        (
+            RTX3090 / "nvidia-smi-L.txt",
+            [
+                (0, "NVIDIA GeForce RTX 3090", "GPU-30900000-1111-2222-3333-444444444444"),
+                (1, "NVIDIA GeForce RTX 3090", "GPU-30900001-1111-2222-3333-444444444444"),
+            ],
+        ),
+    ],
+)
 def test_gpu_list(fixture: Path, expected: list[tuple[int, str, str]]) -> None:
     _, lines, _ = one(fixture)
     assert [(g.index, g.name, g.uuid) for g in parse_gpu_list(lines)] == expected

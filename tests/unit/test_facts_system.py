@@ -42,21 +42,26 @@ UBUNTU_CODENAME=noble""".splitlines()
 
 def test_platform_from_os_release() -> None:
     info = Platform().process([*OS_RELEASE_NOBLE, "RIGFLEET_ARCH=x86_64", "RIGFLEET_KERNEL=6.8.0-90-generic"])
-    assert info == PlatformInfo("ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "x86_64", "6.8.0-90-generic")
+    assert info == PlatformInfo(
+        "ubuntu", "24.04", "noble", "Ubuntu 24.04.3 LTS", "x86_64", "6.8.0-90-generic"
+    )
     info = Platform().process(sh(Platform().command()))  # this machine
     assert info.arch and info.kernel and info.id
 
 
-@pytest.mark.parametrize(("lines", "status"), [
-    (["source=mokutil", "SecureBoot enabled"], "enabled"),
-    (["source=mokutil", "SecureBoot disabled", "Platform is in Setup Mode"], "disabled"),
-    (["source=mokutil", "EFI variables are not supported on this system"], "unsupported"),
-    (["source=mokutil", "This system doesn't support Secure Boot"], "unsupported"),
-    (["source=efivars", "efivar=1"], "enabled"),
-    (["source=efivars", "efivar=0"], "disabled"),
-    (["source=efivars"], "unknown"),
-    (["source=none"], "unsupported"),
-])
+@pytest.mark.parametrize(
+    ("lines", "status"),
+    [
+        (["source=mokutil", "SecureBoot enabled"], "enabled"),
+        (["source=mokutil", "SecureBoot disabled", "Platform is in Setup Mode"], "disabled"),
+        (["source=mokutil", "EFI variables are not supported on this system"], "unsupported"),
+        (["source=mokutil", "This system doesn't support Secure Boot"], "unsupported"),
+        (["source=efivars", "efivar=1"], "enabled"),
+        (["source=efivars", "efivar=0"], "disabled"),
+        (["source=efivars"], "unknown"),
+        (["source=none"], "unsupported"),
+    ],
+)
 def test_secure_boot(lines: list[str], status: str) -> None:
     assert SecureBoot().process(lines).status == status
 
@@ -67,15 +72,18 @@ def test_secure_boot_command_runs() -> None:
 
 
 def test_boot_id() -> None:
-    assert BootId().process(["7387d958-b990-4776-aef7-ed12016075a4\n"]) == "7387d958-b990-4776-aef7-ed12016075a4"
+    assert (
+        BootId().process(["7387d958-b990-4776-aef7-ed12016075a4\n"]) == "7387d958-b990-4776-aef7-ed12016075a4"
+    )
     assert len(BootId().process(sh(BootId().command()))) == 36
 
 
 def test_disk_space_for_absent_and_measured_paths(tmp_path: Path) -> None:
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "w.bin").write_bytes(b"\0" * 300_000)
-    command = DiskSpace().command(paths=[str(tmp_path / "models"), str(tmp_path / "not" / "yet")],
-                                  measured=[str(tmp_path / "models")])
+    command = DiskSpace().command(
+        paths=[str(tmp_path / "models"), str(tmp_path / "not" / "yet")], measured=[str(tmp_path / "models")]
+    )
     usage = DiskSpace().process(sh(command))
     models, absent = usage[str(tmp_path / "models")], usage[str(tmp_path / "not" / "yet")]
     assert models.used_kib >= 290 and absent.used_kib == 0
@@ -85,10 +93,21 @@ def test_disk_space_for_absent_and_measured_paths(tmp_path: Path) -> None:
 
 
 def test_kernel_headers() -> None:
-    lines = ["kernel=6.1.0-41-amd64", "installed=no", "candidate=(none)", "meta_candidate=6.1.158-1", "lists=yes"]
+    lines = [
+        "kernel=6.1.0-41-amd64",
+        "installed=no",
+        "candidate=(none)",
+        "meta_candidate=6.1.158-1",
+        "lists=yes",
+    ]
     headers = KernelHeaders().process(lines)
-    assert (headers.kernel, headers.installed, headers.candidate, headers.meta_candidate, headers.apt_lists) == (
-        "6.1.0-41-amd64", False, None, "6.1.158-1", True)
+    assert (
+        headers.kernel,
+        headers.installed,
+        headers.candidate,
+        headers.meta_candidate,
+        headers.apt_lists,
+    ) == ("6.1.0-41-amd64", False, None, "6.1.158-1", True)
     if shutil.which("apt-cache"):
         assert KernelHeaders().process(sh(KernelHeaders().command(meta="linux-headers-amd64"))).kernel
 
@@ -106,8 +125,11 @@ def test_daemon_json() -> None:
 
 
 def test_docker_runtimes() -> None:
-    info = {"io.containerd.runc.v2": {"path": "runc"}, "nvidia": {"path": "nvidia-container-runtime"},
-            "runc": {"path": "runc"}}
+    info = {
+        "io.containerd.runc.v2": {"path": "runc"},
+        "nvidia": {"path": "nvidia-container-runtime"},
+        "runc": {"path": "runc"},
+    }
     assert DockerRuntimes().process([json.dumps(info), "rc=0"]) == ["io.containerd.runc.v2", "nvidia", "runc"]
     assert DockerRuntimes().process(["rc=1"]) is None  # daemon down
     assert DockerRuntimes().process(["rc=absent"]) is None
@@ -116,9 +138,14 @@ def test_docker_runtimes() -> None:
 
 def test_held_packages_and_cdi_devices() -> None:
     assert HeldPackages().process(["nvidia-open", "libnvidia-compute:amd64", "nvidia-open"]) == [
-        "libnvidia-compute", "nvidia-open"]
+        "libnvidia-compute",
+        "nvidia-open",
+    ]
     assert CdiDevices().process(["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]) == [
-        "nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"]
+        "nvidia.com/gpu=0",
+        "nvidia.com/gpu=1",
+        "nvidia.com/gpu=all",
+    ]
 
 
 @pytest.mark.skipif(not shutil.which("gpg") or not shutil.which("curl"), reason="needs gpg and curl")
@@ -126,13 +153,33 @@ def test_keyring_fetch_checks_the_fingerprint(tmp_path: Path) -> None:
     home = tmp_path / "gnupg"
     home.mkdir(mode=0o700)
     env = {"GNUPGHOME": str(home), "PATH": "/usr/bin:/bin"}
-    subprocess.run(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", "rigfleet test <t@example.invalid>",
-                    "ed25519", "sign", "never"], env=env, check=True, capture_output=True)
-    listing = subprocess.run(["gpg", "--batch", "--with-colons", "--list-keys"], env=env, check=True,
-                             capture_output=True, text=True).stdout
+    subprocess.run(
+        [
+            "gpg",
+            "--batch",
+            "--passphrase",
+            "",
+            "--quick-gen-key",
+            "rigfleet test <t@example.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    listing = subprocess.run(
+        ["gpg", "--batch", "--with-colons", "--list-keys"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr"))
-    armored = subprocess.run(["gpg", "--batch", "--armor", "--export", fingerprint], env=env, check=True,
-                             capture_output=True).stdout
+    armored = subprocess.run(
+        ["gpg", "--batch", "--armor", "--export", fingerprint], env=env, check=True, capture_output=True
+    ).stdout
     (tmp_path / "key.asc").write_bytes(armored)
     subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], check=False)
 
@@ -141,7 +188,10 @@ def test_keyring_fetch_checks_the_fingerprint(tmp_path: Path) -> None:
     assert KeyringFingerprints().process(sh(KeyringFingerprints().command(path=str(dest)))) == [fingerprint]
 
     wrong = tmp_path / "keyrings" / "wrong.gpg"
-    result = subprocess.run(["sh", "-c", keyring_script(str(tmp_path / "key.asc"), str(wrong), "0" * 40)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["sh", "-c", keyring_script(str(tmp_path / "key.asc"), str(wrong), "0" * 40)],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 1 and "does not have fingerprint" in result.stderr and not wrong.exists()
     assert KeyringFingerprints().process(sh(KeyringFingerprints().command(path=str(wrong)))) is None
