@@ -414,12 +414,25 @@ def weights_files() -> dict[str, bytes]:
     return files
 
 
+# A SIMULATED chat template for the catalog's `froggeric` name, served beside the weights as a
+# fleet mirror would (the mirror layout rigfleet's model_weights role reads: chat-templates/).
+CHAT_TEMPLATE = b"""{#- SIMULATED chat template served by the rigfleet sandbox (stand-in for froggeric's) -#}
+{%- for message in messages %}<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
 def build_weights(www: Path) -> dict[str, str]:
-    """Write the fake weights set; returns file -> sha256 (the SHA256SUMS manifest)."""
+    """Write the fake weights set and the chat template; returns file -> sha256 of the weights."""
     files = weights_files()
     target = Path(www) / "weights" / WEIGHTS_NAME
     for name, data in files.items():
         _write_if_changed(target / name, data)
+    templates = Path(www) / "weights" / "chat-templates"
+    _write_if_changed(templates / "froggeric.jinja", CHAT_TEMPLATE)
+    digest = hashlib.sha256(CHAT_TEMPLATE).hexdigest()
+    _write_if_changed(templates / "SHA256SUMS", f"{digest}  froggeric.jinja\n".encode())
     return {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "SHA256SUMS"}
 
 
