@@ -130,7 +130,8 @@ class Rig(Strict):
     cuda_repo: AptRepo | None = None
     toolkit_repo: AptRepo | None = None
     docker_repo: AptRepo | None = None
-    registry: str | None = None
+    registry: str | None = None  # fleet registry HOST[:PORT]: a pin's image is built once, then pulled
+    registry_insecure: bool = False  # plain-HTTP registry (lab/sandbox); Docker must be told explicitly
     # rollout
     gate: Literal["basic", "full"] = "basic"
     gate_timeout_s: int = Field(600, ge=10, le=7200)
