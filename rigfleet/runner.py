@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import BaseStateCallback, Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
@@ -58,13 +58,16 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
 Role = Callable[..., Any]
 
 
-def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None) -> dict[str, RigOutcome]:
+def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None,
+             callbacks: Iterable[BaseStateCallback] = ()) -> dict[str, RigOutcome]:
     """Run the roles on these rigs in parallel; per-rig outcome, a failing rig never stops the others."""
     if roles is None:
         from roles import ROLES
 
         roles = ROLES
     state, outcomes = _state(fleet, names)
+    for callback in callbacks:
+        state.add_callback_handler(callback)
     try:
         if state.active_hosts:
             contexts = {

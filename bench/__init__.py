@@ -1,0 +1,1 @@
+"""Benchmarks on sandbox rigs: `make bench` (python -m bench)."""
