@@ -65,6 +65,9 @@ def daemon_settings(rig: Rig) -> dict[str, Any]:
     settings: dict[str, Any] = {**LOG_ROTATION, "live-restore": True}
     if rig.docker_data_root:
         settings["data-root"] = rig.docker_data_root
+    if rig.registry and rig.registry_insecure:
+        # rigfleet owns this key: a plain-HTTP fleet registry must be named or Docker refuses it
+        settings["insecure-registries"] = [rig.registry]
     return settings
 
 

@@ -88,11 +88,18 @@ def pulled_from_registry(tag: str, registry: str) -> Commands:
     remote = f"{registry}/{tag}"
     yield script(
         f"image {tag}: try the fleet registry", build_log(tag),
-        f"if docker pull {q(remote)} >>\"$LOG\" 2>&1; then",
+        f"if out=$(docker pull {q(remote)} 2>&1); then",
+        '  printf \'%s\\n\' "$out" >>"$LOG"',
         f"  docker tag {q(remote)} {q(tag)}",
         f"  say {q(f'image {tag}: pulled from the fleet registry {registry}')}",
         "else",
-        f"  say {q(f'image {tag}: not in the fleet registry {registry}; building it here')}",
+        '  printf \'%s\\n\' "$out" >>"$LOG"',
+        # a miss is normal (the first rig of a pin builds); anything else is an outage: warn, build here
+        '  case "$out" in *"manifest unknown"*|*"not found"*)',
+        f"    say {q(f'image {tag}: not in the fleet registry {registry}; building it here')};;",
+        f"  *) echo {q(f'rigfleet: warning: fleet registry {registry} unavailable; building {tag} here: ')}"
+        '"$(printf \'%s\' "$out" | tail -n 1)" >&2;;',
+        "  esac",
         "fi",
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from rigfleet.sandbox.layout import APT_PROXY_PORT, OPERATOR, SERVICE_ADDR
+from rigfleet.sandbox.layout import APT_PROXY_PORT, OPERATOR, REGISTRY_PORT, SERVICE_ADDR
 from rigfleet.sandbox.shell import SandboxError
 
 MARKER = ".rigfleet-sandbox"
@@ -31,6 +31,9 @@ BASE_GROUP_VARS: dict[str, Any] = {
     "smoke_image": "local",
     # the rigs share this machine's disk; the fleet default (80 GiB per rig) does not fit here
     "min_free_disk_gib": 5,
+    # the fleet registry (rigfleet.sandbox.registry): a pin set's image is built once per fleet
+    "registry": f"{SERVICE_ADDR}:{REGISTRY_PORT}",
+    "registry_insecure": True,  # plain HTTP on the sandbox's host-only network
 }
 
 

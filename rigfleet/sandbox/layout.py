@@ -30,6 +30,8 @@ SERVICE_IF = "rf-svc0"
 SERVICE_LABEL = "lo:rfsvc"  # when it has to live on lo (no dummy driver)
 APT_PROXY_PORT = 3142
 WWW_PORT = 8080
+REGISTRY_PORT = 5000
+REGISTRY_DIR = STATE_DIR / "registry"
 
 OPERATOR = "rigop"
 DISTROS = ("trixie", "bookworm")

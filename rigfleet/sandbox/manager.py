@@ -31,6 +31,8 @@ from rigfleet.sandbox.layout import (
     LAST_LOGS_DIR,
     LOCK_FILE,
     LOG_DIR,
+    REGISTRY_DIR,
+    REGISTRY_PORT,
     RIGS_DIR,
     SERVICE_ADDR,
     SSH_DIR,
@@ -307,6 +309,11 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             ],
             LOG_DIR / "services.log",
         )
+        _spawn(
+            "rigfleet.sandbox.registry",
+            ["--addr", SERVICE_ADDR, "--port", str(REGISTRY_PORT), "--storage", str(REGISTRY_DIR / "data")],
+            LOG_DIR / "registry.log",
+        )
 
         started = time.monotonic()
         infos = [
@@ -328,7 +335,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         _save(info)
         for spec in specs:
             _spawn("rigfleet.sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
-        for port in (APT_PROXY_PORT, WWW_PORT):
+        for port in (APT_PROXY_PORT, WWW_PORT, REGISTRY_PORT):
             if _wait_port(SERVICE_ADDR, port, 15.0) is None:
                 raise SandboxError(f"sandbox services did not listen on {SERVICE_ADDR}:{port}; see {LOG_DIR}")
         for spec, rig in zip(specs, infos, strict=True):
@@ -392,7 +399,7 @@ def down(log: Log = _echo, timeout: float = POWEROFF_TIMEOUT_S) -> dict[str, lis
     """
     _require_root_linux()
     with _exclusive():
-        running = [p for p in procs.sandbox_processes() if p.what in ("supervisor", "services")]
+        running = [p for p in procs.sandbox_processes() if p.what in ("supervisor", "services", "registry")]
         for p in running:
             os.kill(p.pid, signal.SIGTERM)  # supervisors power their rig off in order
         deadline = time.monotonic() + timeout

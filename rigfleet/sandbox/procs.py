@@ -16,14 +16,14 @@ from pathlib import Path
 
 from rigfleet.sandbox.layout import RIGS_DIR
 
-SANDBOX_MODULES = ("rigfleet.sandbox.supervisor", "rigfleet.sandbox.services")
+SANDBOX_MODULES = ("rigfleet.sandbox.supervisor", "rigfleet.sandbox.services", "rigfleet.sandbox.registry")
 
 
 @dataclass(frozen=True)
 class Proc:
     pid: int
     ppid: int
-    what: str  # supervisor | services | nspawn | in-rig
+    what: str  # supervisor | services | registry | nspawn | in-rig
     cmd: str
 
 
@@ -113,7 +113,7 @@ def sandbox_processes() -> list[Proc]:
 
 def kill_all(procs: list[Proc], wait_s: float = 10.0) -> list[Proc]:
     """SIGKILL each process by pid (supervisors first, so none restarts a rig); return survivors."""
-    order = {"supervisor": 0, "services": 1, "nspawn": 2, "in-rig": 3}
+    order = {"supervisor": 0, "services": 1, "registry": 1, "nspawn": 2, "in-rig": 3}
     for proc in sorted(procs, key=lambda p: order[p.what]):
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
