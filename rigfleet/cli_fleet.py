@@ -50,9 +50,14 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
     if result.ok:
         out.print(f"[green]re-pin complete[/green]: {len(result.touched)} rigs converged")
         return
-    out.print(f"[red]re-pin halted[/red]: failed {', '.join(result.failed) or '-'}; "
-              f"untouched {', '.join(result.untouched) or '-'}. Rigs whose gate failed are back on their "
-              "previous release; fix the cause and run the same command again to continue.")
+    unreachable = result.unreachable
+    failed = [rig for rig in result.failed if rig not in unreachable]
+    converged = [rig for rig in result.touched if rig not in result.failed]
+    out.print(f"[red]re-pin halted[/red] after {len(result.waves)} of {len(plan)} waves: "
+              f"failed {', '.join(failed) or '-'}; unreachable {', '.join(unreachable) or '-'}; "
+              f"converged {', '.join(converged) or '-'}; untouched {', '.join(result.untouched) or '-'}.")
+    out.print("A rig whose gate failed is back on its previous release; an unreachable rig was not changed. "
+              "Fix the cause and run the same command again to continue.")
     sys.exit(1)
 
 

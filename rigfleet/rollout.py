@@ -52,6 +52,10 @@ class Rollout:
         return [rig for wave in self.waves for rig in wave.failed]
 
     @property
+    def unreachable(self) -> list[str]:
+        return [rig for wave in self.waves for rig, outcome in wave.outcomes.items() if not outcome.reachable]
+
+    @property
     def ok(self) -> bool:
         return not self.failed and not self.untouched
 
