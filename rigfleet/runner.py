@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from pyinfra.api.operations import run_ops
 from rigfleet import catalog
 from rigfleet.context import RigContext, pyinfra_host_data
 from rigfleet.loader import Fleet
+from rigfleet.paths import REPO_ROOT
 
 
 @dataclass
@@ -62,9 +64,7 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
              callbacks: Iterable[BaseStateCallback] = ()) -> dict[str, RigOutcome]:
     """Run the roles on these rigs in parallel; per-rig outcome, a failing rig never stops the others."""
     if roles is None:
-        from roles import ROLES
-
-        roles = ROLES
+        roles = _roles()
     state, outcomes = _state(fleet, names)
     for callback in callbacks:
         state.add_callback_handler(callback)
@@ -90,6 +90,16 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     finally:
         disconnect_all(state)
     return outcomes
+
+
+def _roles() -> list[Role]:
+    # roles/ sits beside the package (like templates/): `pyinfra deploy.py` finds it through the
+    # CWD, the installed `rigfleet` command must find it from the package, wherever it runs
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.append(str(REPO_ROOT))
+    from roles import ROLES
+
+    return list(ROLES)
 
 
 def _collect(state: State, outcomes: dict[str, RigOutcome]) -> None:
