@@ -349,7 +349,10 @@ def image_built(tag: str, labels: dict[str, str], registry: str | None = None) -
         f"say {q(f'image {tag}: docker build (log: {log})')}",
         f'docker build --pull=false -t {q(tag)} --label "io.rigfleet.built-at=$started" '
         f'--label "io.rigfleet.built-on=$(hostname)" {label_args} {q(build)} >>"$LOG" 2>&1 || {{ '
-        f'tail -n 30 "$LOG" >&2; fail {q(f"image {tag}: docker build failed (last lines above; full log {log})")}; }}',
+        f'tail -n 30 "$LOG" >&2; if grep -qi "no space left on device" "$LOG"; then '
+        f'fail {q(f"image {tag}: docker build failed: no space left on device (full log {log}); ")}'
+        f'"nothing was stopped: a running release keeps serving"; fi; '
+        f'fail {q(f"image {tag}: docker build failed (last lines above; full log {log})")}; }}',
         "id=$(docker image inspect --format '{{.Id}}' " + q(tag) + ")",
         f"mkdir -p {q(str(Path(BUILDS_LEDGER).parent))}",
         "printf '{\"tag\":\"%s\",\"id\":\"%s\",\"started\":\"%s\",\"finished\":\"%s\",\"seconds\":%s}\\n' "

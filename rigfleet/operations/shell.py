@@ -44,6 +44,10 @@ FETCH_FN = r"""fetch() {
     rm -f "$_part"; _rc=0
     curl -fL --retry 3 --retry-delay 2 --connect-timeout 20 --progress-bar -o "$_part" "$_url" 2>>"$LOG" || _rc=$?
   fi
+  if [ "$_rc" -eq 23 ]; then  # curl could not write: the disk (or the build dir's file system) is full
+    fail "$_what: no space left to write $_part ($(df -h --output=avail,target "$(dirname "$_part")" | tail -n 1 \
+| tr -s ' ' | sed 's/^ //; s/ / free on /')); nothing was stopped: a running release keeps serving"
+  fi
   [ "$_rc" -eq 0 ] || fail "$_what: download of $_url failed (curl exit $_rc; see $LOG)"
 }"""
 
