@@ -31,6 +31,8 @@ def apt_base(context: RigContext) -> None:
             dest=f"{APT_CONF}/99rigfleet-lock-timeout",
             mode="0644",
         )
+        # a dpkg run cut off mid-install (a dropped SSH link) is finished before anything installs
+        apt_ops.dpkg_repaired(name="dpkg: finish an interrupted run", lock_timeout_s=context.rig.apt_lock_timeout_s)
         files.put(
             name="unattended-upgrades: never move the driver, CUDA, Docker or the toolkit",
             src=StringIO(rendered["apt/51rigfleet-unattended-blacklist"]),

@@ -1,4 +1,4 @@
-"""Facts about apt: holds and the fingerprints of keyring files."""
+"""Facts about apt: holds, the fingerprints of keyring files, a dpkg run left half-done."""
 
 from __future__ import annotations
 
@@ -48,3 +48,22 @@ class KeyringFingerprints(FactBase["list[str] | None"]):
         if not lines or lines[-1] != "rc=0":
             return None
         return sorted({line.upper() for line in lines[:-1]})
+
+
+class DpkgInterrupted(FactBase[list[str]]):
+    """What a dpkg run cut off mid-install left: `dpkg --audit` lines (half-installed or
+    half-configured packages) and pending journal entries in /var/lib/dpkg/updates (apt then
+    refuses with "dpkg was interrupted"). Empty on a clean rig."""
+
+    @override
+    def command(self) -> str:
+        return "dpkg --audit 2>/dev/null; ls -A /var/lib/dpkg/updates 2>/dev/null | sed 's|^|pending update: |'; true"
+
+    @override
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return [line.strip() for line in output if line.strip()]

@@ -11,7 +11,7 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 
-from rigfleet.facts.apt import HeldPackages, KeyringFingerprints
+from rigfleet.facts.apt import DpkgInterrupted, HeldPackages, KeyringFingerprints
 from rigfleet.facts.system import KernelHeaders
 
 # rigfleet moves held packages itself (a re-pin) and may go back to an older pinned version
@@ -55,6 +55,34 @@ def keyring(src: str, dest: str, fingerprint: str):
         host.noop(f"keyring {dest} holds exactly {fingerprint}")
         return
     yield StringCommand(keyring_script(src, dest, fingerprint))
+
+
+def repair_script(lock_timeout_s: int) -> str:
+    """`dpkg --configure -a` then `apt-get -f install`, waiting for the dpkg lock like apt does
+    (dpkg itself fails at once on a held lock) up to `lock_timeout_s`."""
+    return (
+        f"end=$(( $(date +%s) + {int(lock_timeout_s)} )); "
+        'while ! out=$(dpkg --force-confdef --force-confold --configure -a 2>&1); do '
+        'if printf "%s" "$out" | grep -qi "lock" && [ "$(date +%s)" -lt "$end" ]; then sleep 2; continue; fi; '
+        'printf "%s\\n" "$out" >&2; echo "rigfleet: dpkg --configure -a failed (a cut-off dpkg run left this)" >&2; '
+        "exit 1; done; "
+        + noninteractive_apt("install -f")
+    )
+
+
+@operation()
+def dpkg_repaired(lock_timeout_s: int):
+    """
+    Finish what a dpkg run cut off mid-install left (a dropped SSH link, a power cut), so the
+    installs after this do not stop at "dpkg was interrupted".
+
+    + lock_timeout_s: how long to wait for the dpkg lock (the rig's apt_lock_timeout_s)
+    """
+    left = host.get_fact(DpkgInterrupted)
+    if not left:
+        host.noop("dpkg: no interrupted run to finish")
+        return
+    yield StringCommand(repair_script(lock_timeout_s))
 
 
 def _satisfied(spec: str, installed: dict[str, list[str]]) -> bool:

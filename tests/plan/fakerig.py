@@ -174,6 +174,7 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_nvidia.CdiDevices: lambda r: list(r.cdi_devices),
     rf_apt.HeldPackages: lambda r: sorted(r.held),
     rf_apt.KeyringFingerprints: lambda r, path: r.keyrings.get(path),
+    rf_apt.DpkgInterrupted: lambda r: [],
     rf_docker.DockerDaemonConfig: lambda r, path=rf_docker.DAEMON_JSON: r._daemon_json(path),
     rf_docker.DockerRuntimes: lambda r: r.runtimes,
     rf_docker.DockerImagePresent: lambda r, image: image in r.images,
