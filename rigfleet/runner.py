@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import click
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
@@ -59,6 +61,28 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
 
 Role = Callable[..., Any]
 
+_CALLBACK_ERROR = re.compile(r"\[(\S+)\]\s+(?:nested\s+)?Unexpected error in Python callback: (.*)", re.S)
+
+
+class _CallbackErrors(logging.Handler):
+    """pyinfra logs the exception of a Python callback (the serving swap raises with the gate's
+    verdict) but keeps no output for it: without this a failed rig's summary would be empty."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.by_host: dict[str, list[str]] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _CALLBACK_ERROR.match(click.unstyle(record.getMessage()))
+        if match:
+            self.by_host.setdefault(match[1], []).append(_exception_text(match[2]))
+
+
+def _exception_text(formatted: str) -> str:
+    # pyinfra formats it as ClassName('message',): keep the message
+    inner = re.fullmatch(r"\w+\(\s*(['\"])(.*)\1,?\s*\)", formatted.strip(), re.S)
+    return inner[2] if inner else formatted.strip()
+
 
 def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None,
              callbacks: Iterable[BaseStateCallback] = ()) -> dict[str, RigOutcome]:
@@ -68,6 +92,8 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     state, outcomes = _state(fleet, names)
     for callback in callbacks:
         state.add_callback_handler(callback)
+    callback_errors = _CallbackErrors()
+    logging.getLogger("pyinfra").addHandler(callback_errors)
     try:
         if state.active_hosts:
             contexts = {
@@ -86,8 +112,9 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
                 run_ops(state)
             except PyinfraError as exc:  # raised when no host is left; per-host errors are below
                 logging.getLogger(__name__).debug("run_ops: %s", exc)
-        _collect(state, outcomes)
+        _collect(state, outcomes, callback_errors.by_host)
     finally:
+        logging.getLogger("pyinfra").removeHandler(callback_errors)
         disconnect_all(state)
     return outcomes
 
@@ -102,7 +129,7 @@ def _roles() -> list[Role]:
     return list(ROLES)
 
 
-def _collect(state: State, outcomes: dict[str, RigOutcome]) -> None:
+def _collect(state: State, outcomes: dict[str, RigOutcome], raised: dict[str, list[str]] | None = None) -> None:
     for host in state.inventory:
         outcome = outcomes[host.name]
         if not outcome.reachable:
@@ -113,7 +140,8 @@ def _collect(state: State, outcomes: dict[str, RigOutcome]) -> None:
                 continue
             if meta.did_error():
                 outcome.ok = False
-                outcome.errors.append(f"{', '.join(sorted(state.op_meta[op_hash].names))}: {_output(meta)}")
+                detail = _output(meta) or "; ".join((raised or {}).pop(host.name, [])) or "no output"
+                outcome.errors.append(f"{', '.join(sorted(state.op_meta[op_hash].names))}: {detail}")
             elif meta.did_change():
                 outcome.changed += 1
         if host in state.failed_hosts:
