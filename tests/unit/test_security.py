@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from rigfleet import catalog, loader
@@ -140,3 +141,15 @@ def test_schema_pins_sources_by_content() -> None:
     OverlayFile(source="https://example.invalid/x.py", target="a/x.py", sha256=sha)
     with pytest.raises(ValidationError, match="sha256:<64 hex digits>"):
         ImageRef(repository="vllm/vllm-openai", tag="x", digest="sha256:abc")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.0.5.7", "0.0.0.0"])
+def test_compose_publishes_the_port_on_the_configured_address_only(example_inventory: Path, address: str) -> None:
+    write_yaml(example_inventory / "host_vars" / "rig-01.yml", {"bind_address": address, "port": 8123})
+    fleet = loader.load_fleet(example_inventory)
+    rig = fleet.rig("rig-01")
+    release = Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+    compose = yaml.safe_load(release.compose("r1"))
+    [service] = compose["services"].values()
+    assert service["ports"] == [f"{address}:8123:{service['ports'][0].split(':')[-1]}"]
+    assert "network_mode" not in service  # host networking would bypass the published address
