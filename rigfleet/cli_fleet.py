@@ -42,7 +42,10 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
     def done(wave: rollout.WaveResult) -> None:
         for name, outcome in wave.outcomes.items():
             style = "green" if outcome.ok else "red"
-            out.print(f"  {name}: [{style}]{outcome.summary}[/{style}] ({outcome.changed} changes)")
+            changes = f" ({outcome.changed} changes)" if outcome.reachable else ""
+            out.print(f"  {name}: [{style}]{outcome.summary}[/{style}]{changes}")
+            for warning in outcome.warnings:
+                out.print(f"    [yellow]{warning}[/yellow]")
         out.print(f"  wave took {wave.seconds:.0f} s")
 
     result = rollout.run(fleet, plan, runner.converge, max_failures, on_wave=done, on_start=start)

@@ -36,6 +36,7 @@ class RigOutcome:
     ok: bool = True
     changed: int = 0
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # `rigfleet: warning:` lines of operations that passed
 
     @property
     def summary(self) -> str:
@@ -142,10 +143,22 @@ def _collect(state: State, outcomes: dict[str, RigOutcome], raised: dict[str, li
                 outcome.ok = False
                 detail = _output(meta) or "; ".join((raised or {}).pop(host.name, [])) or "no output"
                 outcome.errors.append(f"{', '.join(sorted(state.op_meta[op_hash].names))}: {detail}")
-            elif meta.did_change():
-                outcome.changed += 1
+            else:
+                outcome.warnings += _warnings(meta)
+                if meta.did_change():
+                    outcome.changed += 1
         if host in state.failed_hosts:
             outcome.ok = False
+
+
+def _warnings(meta: Any) -> list[str]:
+    # a passing operation's output is not shown by pyinfra; its warnings (e.g. a fleet registry
+    # outage, the image built here instead) must still reach the operator
+    try:
+        lines = meta.stderr_lines
+    except (AssertionError, RuntimeError):
+        return []
+    return [line.strip() for line in lines if "rigfleet: warning:" in line]
 
 
 def _output(meta: Any) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,8 @@ import pytest
 import yaml
 
 from rigfleet.paths import REPO_ROOT
-from rigfleet.sandbox import manager
+from rigfleet.sandbox import manager, procs
+from rigfleet.sandbox.layout import LOG_DIR, REGISTRY_DIR, REGISTRY_PORT, SERVICE_ADDR
 
 from .conftest import Sandbox
 
@@ -34,6 +36,7 @@ REPIN_TIMEOUT_S = 3600
 GATE_TIMEOUT_S = 120
 BUILDS = "/var/lib/rigfleet/image-builds.jsonl"
 LEDGER = "/var/lib/rigfleet/ledger.json"
+REGISTRY = f"{SERVICE_ADDR}:{REGISTRY_PORT}"
 
 pytestmark = pytest.mark.sandbox
 
@@ -211,3 +214,30 @@ def test_unreachable_rig_in_a_wave_stops_the_rollout(sandbox: Sandbox, inventory
     rerun = rigfleet(inventory, "repin", "--wave", "1")
     assert rerun.returncode == 0, rerun.stdout
     assert_on(status(inventory), RIGS, "sandbox-b")
+
+
+def _registry_procs() -> list[procs.Proc]:
+    return [p for p in procs.sandbox_processes() if p.what == "registry"]
+
+
+def test_registry_outage_falls_back_to_a_local_build(sandbox: Sandbox, inventory: Path) -> None:
+    """rig-04 lost its image (untagged) while the registry is down: it builds here and warns."""
+    tag = status(inventory)["rig-04"]["image_tag"]
+    before = builds(sandbox, tag)["rig-04"]
+    sandbox.ssh("rig-04", f"sudo docker rmi -f {tag} {REGISTRY}/{tag} >/dev/null 2>&1 || true")
+    running = _registry_procs()
+    assert running, "the sandbox's registry is not running"
+    for proc in running:
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        repin = rigfleet(inventory, "repin", "--limit", "rig-04")
+        assert repin.returncode == 0, repin.stdout
+        assert f"rigfleet: warning: fleet registry {REGISTRY} unavailable; building {tag} here" in repin.stdout
+        assert builds(sandbox, tag)["rig-04"] == before + 1
+        assert_on(status(inventory), ["rig-04"], "sandbox-b")
+    finally:
+        # back as `sandbox up` started it, for the modules that follow
+        log = open(LOG_DIR / "registry.log", "ab")  # noqa: SIM115 - the detached child keeps it
+        subprocess.Popen([sys.executable, "-m", "rigfleet.sandbox.registry", "--addr", SERVICE_ADDR, "--port",
+                          str(REGISTRY_PORT), "--storage", str(REGISTRY_DIR / "data")],
+                         stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
