@@ -15,7 +15,7 @@ from rigfleet.runner import RigOutcome
 class Script:
     """A converge that fails the rigs it is told to, and records every call."""
 
-    def __init__(self, failing: set[str] = frozenset(), unreachable: set[str] = frozenset()) -> None:
+    def __init__(self, failing: frozenset[str] = frozenset(), unreachable: frozenset[str] = frozenset()) -> None:
         self.failing, self.unreachable = set(failing), set(unreachable)
         self.calls: list[list[str]] = []
         self.gates: dict[str, str] = {}
@@ -61,7 +61,7 @@ def test_all_waves_succeed(fleet: Fleet) -> None:
 
 
 def test_failed_canary_touches_nothing_else(fleet: Fleet) -> None:
-    script = Script(failing={"rig-01"})
+    script = Script(failing=frozenset({"rig-01"}))
     result = rollout.run(fleet, [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]], script)
     assert result.halted and result.failed == ["rig-01"]
     assert script.calls == [["rig-01"]] and result.untouched == ["rig-02", "rig-11", "rig-12"]
@@ -74,20 +74,48 @@ def test_canary_is_gated_full_and_the_rest_as_declared(fleet: Fleet) -> None:
 
 
 def test_failure_in_wave_two_leaves_later_waves_untouched(fleet: Fleet) -> None:
-    script = Script(failing={"rig-11"})
+    script = Script(failing=frozenset({"rig-11"}))
     result = rollout.run(fleet, [["rig-01"], ["rig-02"], ["rig-11"], ["rig-12"]], script)
     assert result.failed == ["rig-11"] and result.untouched == ["rig-12"]
     assert [w.rigs for w in result.waves] == [["rig-01"], ["rig-02"], ["rig-11"]]
 
 
 def test_unreachable_rig_stops_the_rollout(fleet: Fleet) -> None:
-    script = Script(unreachable={"rig-02"})
+    script = Script(unreachable=frozenset({"rig-02"}))
     result = rollout.run(fleet, [["rig-01"], ["rig-02", "rig-11"], ["rig-12"]], script)
     assert result.halted and "rig-02" in result.failed and result.untouched == ["rig-12"]
     assert result.waves[1].outcomes["rig-02"].summary == "unreachable"
+    assert result.unreachable == ["rig-02"]
 
 
 def test_max_failures_lets_the_rollout_absorb_some(fleet: Fleet) -> None:
-    script = Script(failing={"rig-02"})
+    script = Script(failing=frozenset({"rig-02"}))
     result = rollout.run(fleet, [["rig-01"], ["rig-02"], ["rig-11"], ["rig-12"]], script, max_failures=2)
     assert not result.halted and result.failed == ["rig-02"] and result.untouched == []
+
+
+def test_callback_exception_becomes_the_failed_rigs_summary() -> None:
+    """pyinfra only logs a Python callback's exception; the runner keeps it for the summary."""
+    import logging
+
+    from rigfleet.runner import _CallbackErrors
+
+    handler = _CallbackErrors()
+    record = logging.LogRecord("pyinfra", logging.WARNING, __file__, 1,
+                               "\x1b[1m[rig-03]\x1b[0m  Unexpected error in Python callback: "
+                               "ServingError('rig-03: release r2 failed the basic gate; previous release r1 "
+                               "is serving again',)", None, None)
+    handler.emit(record)
+    assert handler.by_host == {"rig-03": ["rig-03: release r2 failed the basic gate; previous release r1 "
+                                          "is serving again"]}
+
+
+def test_insecure_fleet_registry_in_daemon_json(fleet: Fleet) -> None:
+    from roles.docker_engine import daemon_settings
+
+    rig = fleet.rigs[0]
+    assert "insecure-registries" not in daemon_settings(rig)
+    secure = rig.model_copy(update={"registry": "10.0.0.5:5000"})
+    assert "insecure-registries" not in daemon_settings(secure)
+    insecure = secure.model_copy(update={"registry_insecure": True})
+    assert daemon_settings(insecure)["insecure-registries"] == ["10.0.0.5:5000"]
