@@ -41,7 +41,7 @@ class RigOutcome:
     @property
     def summary(self) -> str:
         if not self.reachable:
-            return "unreachable"
+            return "unreachable" + (f" ({self.errors[-1]})" if self.errors else "")
         return "ok" if self.ok else "failed: " + "; ".join(self.errors[-3:])
 
 
@@ -51,12 +51,13 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     outcomes = {name: RigOutcome(name) for name, _ in hosts}
     state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config))
     # "No hosts remaining!" when every host failed to connect: reported per rig below.
-    with contextlib.suppress(PyinfraError):
+    with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)
     for host in state.inventory:
         if host not in state.active_hosts:
             outcomes[host.name].reachable = False
             outcomes[host.name].ok = False
+            outcomes[host.name].errors += log.errors.get(host.name, [])
     return state, outcomes
 
 
@@ -65,18 +66,37 @@ Role = Callable[..., Any]
 _CALLBACK_ERROR = re.compile(r"\[(\S+)\]\s+(?:nested\s+)?Unexpected error in Python callback: (.*)", re.S)
 
 
-class _CallbackErrors(logging.Handler):
-    """pyinfra logs the exception of a Python callback (the serving swap raises with the gate's
-    verdict) but keeps no output for it: without this a failed rig's summary would be empty."""
+class _PyinfraLog(logging.Filter):
+    """Reads pyinfra's log as it passes (a filter, so pyinfra's own output is unchanged).
+
+    pyinfra logs the exception of a Python callback (the serving swap raises with the gate's
+    verdict) and a connect error, but keeps neither as output: without this a failed rig's
+    summary would be empty and an unreachable rig's would lack the reason. The traceback of
+    rigfleet's own deliberate errors is dropped: the summary carries their complete message.
+    """
 
     def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.by_host: dict[str, list[str]] = {}
+        super().__init__()
+        self.raised: dict[str, list[str]] = {}
+        self.errors: dict[str, list[str]] = {}
 
-    def emit(self, record: logging.LogRecord) -> None:
-        match = _CALLBACK_ERROR.match(click.unstyle(record.getMessage()))
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = click.unstyle(record.getMessage())
+        if text.startswith("Traceback (most recent call last)"):
+            return not text.strip().splitlines()[-1].startswith("rigfleet.")
+        match = _CALLBACK_ERROR.match(text)
         if match:
-            self.by_host.setdefault(match[1], []).append(_exception_text(match[2]))
+            self.raised.setdefault(match[1], []).append(_exception_text(match[2]))
+        elif record.levelno >= logging.ERROR and (host := re.match(r"\[(\S+)\]\s+(.*)", text, re.S)):
+            self.errors.setdefault(host[1], []).append(host[2].strip())
+        return True
+
+    def __enter__(self) -> _PyinfraLog:
+        logging.getLogger("pyinfra").addFilter(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        logging.getLogger("pyinfra").removeFilter(self)
 
 
 def _exception_text(formatted: str) -> str:
@@ -93,8 +113,7 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     state, outcomes = _state(fleet, names)
     for callback in callbacks:
         state.add_callback_handler(callback)
-    callback_errors = _CallbackErrors()
-    logging.getLogger("pyinfra").addHandler(callback_errors)
+    log = _PyinfraLog()
     try:
         if state.active_hosts:
             contexts = {
@@ -110,12 +129,12 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
 
             add_deploy(state, deploy_rig)
             try:
-                run_ops(state)
+                with log:
+                    run_ops(state)
             except PyinfraError as exc:  # raised when no host is left; per-host errors are below
                 logging.getLogger(__name__).debug("run_ops: %s", exc)
-        _collect(state, outcomes, callback_errors.by_host)
+        _collect(state, outcomes, log.raised)
     finally:
-        logging.getLogger("pyinfra").removeHandler(callback_errors)
         disconnect_all(state)
     return outcomes
 

@@ -94,20 +94,25 @@ def test_max_failures_lets_the_rollout_absorb_some(fleet: Fleet) -> None:
     assert not result.halted and result.failed == ["rig-02"] and result.untouched == []
 
 
-def test_callback_exception_becomes_the_failed_rigs_summary() -> None:
-    """pyinfra only logs a Python callback's exception; the runner keeps it for the summary."""
+def test_pyinfra_log_gives_the_summary_its_reason() -> None:
+    """pyinfra only logs a callback's exception and a connect error; the runner keeps both."""
     import logging
 
-    from rigfleet.runner import _CallbackErrors
+    from rigfleet.runner import RigOutcome, _PyinfraLog
 
-    handler = _CallbackErrors()
-    record = logging.LogRecord("pyinfra", logging.WARNING, __file__, 1,
-                               "\x1b[1m[rig-03]\x1b[0m  Unexpected error in Python callback: "
-                               "ServingError('rig-03: release r2 failed the basic gate; previous release r1 "
-                               "is serving again',)", None, None)
-    handler.emit(record)
-    assert handler.by_host == {"rig-03": ["rig-03: release r2 failed the basic gate; previous release r1 "
-                                          "is serving again"]}
+    pyinfra_log = logging.getLogger("pyinfra")
+    with _PyinfraLog() as log:
+        pyinfra_log.warning("Traceback (most recent call last):\n  File x\nrigfleet.operations.serving.ServingError: x")
+        pyinfra_log.warning("\x1b[1m[rig-03]\x1b[0m  Unexpected error in Python callback: "
+                            "ServingError('rig-03: release r2 failed the basic gate; previous release r1 "
+                            "is serving again',)")
+        pyinfra_log.error("[rig-04] Could not connect (Connection refused)")
+    assert log.raised == {"rig-03": ["rig-03: release r2 failed the basic gate; previous release r1 "
+                                     "is serving again"]}
+    assert log.errors == {"rig-04": ["Could not connect (Connection refused)"]}
+    assert log not in pyinfra_log.filters
+    down = RigOutcome("rig-04", reachable=False, ok=False, errors=log.errors["rig-04"])
+    assert down.summary == "unreachable (Could not connect (Connection refused))"
 
 
 def test_insecure_fleet_registry_in_daemon_json(fleet: Fleet) -> None:
