@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rigfleet import catalog
+from rigfleet.loader import load_fleet
 from rigfleet.paths import REPO_ROOT
 from rigfleet.sandbox.aptrepo import DRIVER_VERSIONS
 from rigfleet.sandbox.layout import RigSpec
@@ -130,6 +133,14 @@ def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path) -> None:
         f"sudo mkdir -p /etc/docker && echo {json.dumps(json.dumps(FOREIGN))} | sudo tee "
         "/etc/docker/daemon.json",
     )
+    # the serving layer needs the variant's chat template; where the sandbox's weights mirror has
+    # none, do what an operator does (the weights role keeps a template that is in place)
+    rig = load_fleet(inventory).rig(RIG)
+    template = catalog.variants()[rig.variant].chat_template
+    if template:
+        path = shlex.quote(f"{rig.model_dir}/chat-templates/{template}.jinja")
+        run(sandbox, f"sudo mkdir -p $(dirname {path}) && [ -f {path} ] || "
+                     f"echo '{{{{ messages }}}}' | sudo tee {path}")
     seen["boots"] = boots()
 
     results = deploy(inventory)
