@@ -11,5 +11,7 @@ from rigfleet.context import for_rig
 from roles import ROLES
 
 context = for_rig(host.name)
-for role in ROLES:
+# host.loop gives each role its own place in pyinfra's operation order: without it, operations
+# of two roles called from this one line could share an identity and tangle the order.
+for role in host.loop(ROLES):
     role(context)

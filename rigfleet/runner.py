@@ -124,7 +124,7 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
             def deploy_rig() -> None:
                 from pyinfra import host
 
-                for role in roles:
+                for role in host.loop(roles):  # one identity per role (see deploy.py)
                     role(contexts[host.name])
 
             add_deploy(state, deploy_rig)
