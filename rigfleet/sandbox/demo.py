@@ -8,6 +8,7 @@ for exploring: `rigfleet sandbox ssh rig-01`, `rigfleet sandbox down` when done.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -64,6 +65,9 @@ def main() -> int:
     from rigfleet.sandbox import manager
 
     say("booting one SIMULATED dual-3090 rig (rigfleet sandbox up --rigs 1)")
+    # One sandbox per machine: wait for a test run or benchmark that is using it.
+    lock = open("/tmp/rigfleet-e2e.lock", "w")  # noqa: SIM115 - held until the demo ends
+    fcntl.flock(lock, fcntl.LOCK_EX)
     info = manager.up(rigs=1)
     env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory_dir())}
 
