@@ -5,9 +5,10 @@ in file order, each test building on the rig the previous one left:
 
 1. the dpkg locks held "forever" by another process, with apt_lock_timeout_s: 5 -> the deploy
    fails with apt's lock error naming the rig and the holder's pid and name;
-2. the SSH connection cut while apt is installing (the control machine's pyinfra killed) -> a
-   re-run converges;
-3. the dpkg locks held for 60 s when that re-run starts -> it waits and succeeds; no half-configured
+2. the SSH connection cut while apt is installing (the control machine's pyinfra killed, and the
+   rig's orphaned apt-get/dpkg killed too, as a power cut would) -> dpkg is left half-done;
+3. the dpkg locks held for 60 s when the re-run starts -> it finishes the interrupted dpkg run
+   (apt_base), waits for the lock and succeeds; no half-configured
    package (`dpkg --audit`), the holds complete, no dpkg leftovers, config files whole;
 4. the driver moved behind rigfleet's back -> `rigfleet status` shows the mismatch, one deploy
    reboots once and the driver drift is gone.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -55,6 +57,9 @@ for fd in fds:
 open("/run/rigfleet-test-lock-holder.pid", "w").write(str(os.getpid()))
 time.sleep(float(sys.argv[1]))
 """
+
+# pyinfra's log: the apt_base repair operation, then (maybe after output lines) a change on the rig
+REPAIRED = re.compile(r"dpkg: finish an interrupted run[^\n]*\n(?:[ \t]+\[rig-01\][^\n]*\n)*?[ \t]+\[rig-01\] Success")
 
 pytestmark = pytest.mark.sandbox
 seen: dict[str, Any] = {}
@@ -159,9 +164,13 @@ def test_ssh_cut_while_apt_installs_then_a_rerun_converges(sandbox: Sandbox, inv
         proc.wait()
     assert cut_during, "the deploy ended before dpkg ran; nothing was cut"
     print(f"SSH cut while the rig ran: {cut_during}")
-    time.sleep(2)
-    left = run(sandbox, "sudo dpkg --audit; ls -A /var/lib/dpkg/updates; pgrep -a -x dpkg; true", check=False)
-    print(f"what the cut left (dpkg --audit, pending updates, dpkg still running):\n{left.stdout}")
+    # the apt run the deploy started keeps going on its own after the link drops; a power cut or
+    # a session teardown would not let it finish: kill it (those pids only), dpkg mid-unpack
+    run(sandbox, "for p in $(pgrep -x apt-get) $(pgrep -x dpkg); do sudo kill -9 $p; done; true", check=False)
+    time.sleep(1)
+    left = run(sandbox, "sudo dpkg --audit; ls -A /var/lib/dpkg/updates; true", check=False).stdout.strip()
+    print(f"what the cut left (dpkg --audit, pending dpkg updates):\n{left}")
+    assert left, "the cut left dpkg half-done (else the re-run proves nothing)"
     seen["cut"] = cut_during
 
 
@@ -177,6 +186,7 @@ def test_rerun_waits_for_a_60s_apt_lock_and_leaves_nothing_half_done(sandbox: Sa
     results = json.loads(proc.stdout)["results"]
     assert results["failed_hosts"] == [] and results["totals"]["error"] == 0
     assert run(sandbox, f"kill -0 {pid} 2>/dev/null && echo alive || echo gone", check=False).stdout.strip() == "gone"
+    assert REPAIRED.search(proc.stderr), "the re-run finished the interrupted dpkg run"
     assert elapsed >= 30, "the lock was held when the re-run began, so it had to wait"
     # nothing half-done
     assert run(sandbox, "sudo dpkg --audit").stdout.strip() == ""
