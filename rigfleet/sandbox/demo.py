@@ -11,7 +11,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -36,14 +35,18 @@ def run_deploy(env: dict[str, str]) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-def changes_reported(output: str) -> int:
-    """Sum of the 'Changed' column in pyinfra's results table."""
-    total = 0
+def changes_reported(output: str) -> int | None:
+    """Operations that changed something: the Success column of pyinfra's "Grand total" row.
+
+    pyinfra's results table has the columns Hosts, Success, Error, No change ("-" for zero); an
+    operation that changed nothing counts under No change. None when the row is missing.
+    """
     for line in output.splitlines():
-        match = re.search(r"Changed:\s*(\d+)", line)
-        if match:
-            total += int(match.group(1))
-    return total
+        if line.strip().startswith("Grand total"):
+            cells = line.split()[2:]
+            if len(cells) >= 2:
+                return 0 if cells[1] == "-" else int(cells[1])
+    return None
 
 
 def chat(address: str, port: int) -> str | None:
@@ -81,7 +84,10 @@ def main() -> int:
         return code
     say("pyinfra inventory.py deploy.py (second run: must change nothing)")
     code, output = run_deploy(env)
-    print(f"changes reported by the second run: {changes_reported(output)}")
+    changed = changes_reported(output)
+    print(f"operations changed by the second run: {changed if changed is not None else 'unknown'}")
+    if changed:
+        code = code or 1  # a converged rig must not change on a second run
 
     from rigfleet.context import for_rig
 
