@@ -49,7 +49,10 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     chosen = set(names)
     hosts = [(rig.name, pyinfra_host_data(fleet, rig)) for rig in fleet.rigs if rig.name in chosen]
     outcomes = {name: RigOutcome(name) for name, _ in hosts}
-    state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config))
+    # No change preview: pyinfra would otherwise run every operation's fact reads twice (once to
+    # preview, again at execution) and the preview pass runs host by host. `pyinfra -y` does the same.
+    state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config),
+                  check_for_changes=False)
     # "No hosts remaining!" when every host failed to connect: reported per rig below.
     with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)
