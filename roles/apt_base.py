@@ -3,14 +3,12 @@ the later roles use (curl and gpg to fetch and check repository keys)."""
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra.api import deploy
-from pyinfra.operations import files
 
 from rigfleet import render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
+from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
 from roles.preflight import target
 
@@ -25,18 +23,16 @@ def apt_base(context: RigContext) -> None:
             return  # preflight refuses this rig
         rendered = render.host_files(context.rig)
         # first: every apt call after this one waits for the dpkg lock instead of failing
-        files.put(
+        files_ops.config_file(
             name="apt: wait for the dpkg lock, use the fleet's apt proxy",
-            src=StringIO(rendered["apt/99rigfleet-lock-timeout"]),
             dest=f"{APT_CONF}/99rigfleet-lock-timeout",
-            mode="0644",
+            content=rendered["apt/99rigfleet-lock-timeout"],
         )
         # a dpkg run cut off mid-install (a dropped SSH link) is finished before anything installs
         apt_ops.dpkg_repaired(name="dpkg: finish an interrupted run", lock_timeout_s=context.rig.apt_lock_timeout_s)
-        files.put(
+        files_ops.config_file(
             name="unattended-upgrades: never move the driver, CUDA, Docker or the toolkit",
-            src=StringIO(rendered["apt/51rigfleet-unattended-blacklist"]),
             dest=f"{APT_CONF}/51rigfleet-unattended-blacklist",
-            mode="0644",
+            content=rendered["apt/51rigfleet-unattended-blacklist"],
         )
         apt_ops.install(name="Tools to fetch and check repository keys", packages=TOOLS)

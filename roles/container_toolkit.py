@@ -4,11 +4,9 @@ CDI, then a GPU smoke container."""
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
@@ -48,31 +46,23 @@ def container_toolkit(context: RigContext) -> None:
             return  # preflight refuses this rig
         rig = context.rig
         repo = toolkit_repo(rig)
-        apt_ops.keyring(
-            name="Toolkit repository key (checked by fingerprint)",
-            src=repo.key_url,
-            dest=TOOLKIT_KEYRING,
+        apt_ops.repository(
+            name="Toolkit repository: key checked by fingerprint, deb822 source",
+            key_url=repo.key_url,
             fingerprint=repo.key_fingerprint,
-        )
-        # NVIDIA's documented one-line list for the same URL with another Signed-By would make apt refuse both
-        files.file(
-            name="Remove the one-line toolkit source list", path=f"{TOOLKIT_SOURCES}.list", present=False
-        )
-        files.put(
-            name="Toolkit repository source (deb822)",
-            src=StringIO(
-                render.render(
-                    "apt/rigfleet-repo.sources.j2",
-                    description="NVIDIA Container Toolkit repository",
-                    url=repo.url,
-                    suite="/",
-                    components=[],
-                    architectures=[],
-                    keyring=TOOLKIT_KEYRING,
-                )
+            keyring=TOOLKIT_KEYRING,
+            source=f"{TOOLKIT_SOURCES}.sources",
+            content=render.render(
+                "apt/rigfleet-repo.sources.j2",
+                description="NVIDIA Container Toolkit repository",
+                url=repo.url,
+                suite="/",
+                components=[],
+                architectures=[],
+                keyring=TOOLKIT_KEYRING,
             ),
-            dest=f"{TOOLKIT_SOURCES}.sources",
-            mode="0644",
+            # NVIDIA's documented one-line list names the same URL with another Signed-By
+            legacy=[f"{TOOLKIT_SOURCES}.list"],
         )
         version = context.pinset.toolkit.version
         installed = apt_ops.install(

@@ -9,18 +9,18 @@ plugin that needs only libc >= 2.34): a trixie source pinned so that nothing els
 
 from __future__ import annotations
 
-from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.apt import AptSources
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, systemd
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
+from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import AptRepo, Rig
 from roles.preflight import Target, target
@@ -82,31 +82,23 @@ def debian_mirror() -> str:
 def _docker_ce(context: RigContext, where: Target) -> list[str]:
     repo = docker_repo(context.rig, where)
     apt.packages(name="Remove packages that conflict with Docker CE", packages=CONFLICTS, present=False)
-    apt_ops.keyring(
-        name="Docker repository key (checked by fingerprint)",
-        src=repo.key_url,
-        dest=DOCKER_KEYRING,
+    apt_ops.repository(
+        name="Docker repository: key checked by fingerprint, deb822 source",
+        key_url=repo.key_url,
         fingerprint=repo.key_fingerprint,
-    )
-    # an old one-line list for the same URL with another Signed-By would make apt refuse both
-    files.file(
-        name="Remove a legacy Docker source list", path="/etc/apt/sources.list.d/docker.list", present=False
-    )
-    files.put(
-        name="Docker repository source (deb822)",
-        src=StringIO(
-            render.render(
-                "apt/rigfleet-repo.sources.j2",
-                description="Docker CE repository",
-                url=repo.url,
-                suite=where.codename,
-                components=["stable"],
-                architectures=["amd64"],
-                keyring=DOCKER_KEYRING,
-            )
+        keyring=DOCKER_KEYRING,
+        source="/etc/apt/sources.list.d/docker.sources",
+        content=render.render(
+            "apt/rigfleet-repo.sources.j2",
+            description="Docker CE repository",
+            url=repo.url,
+            suite=where.codename,
+            components=["stable"],
+            architectures=["amd64"],
+            keyring=DOCKER_KEYRING,
         ),
-        dest="/etc/apt/sources.list.d/docker.sources",
-        mode="0644",
+        # Docker's documented one-line list names the same URL with another Signed-By
+        legacy=["/etc/apt/sources.list.d/docker.list"],
     )
     version = context.pinset.docker.version
     # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
@@ -121,27 +113,23 @@ def _docker_ce(context: RigContext, where: Target) -> list[str]:
 def _distro(where: Target) -> list[str]:
     packages = DISTRO_PACKAGES[where.codename]
     if where.codename == "bookworm":
-        files.put(
+        files_ops.config_file(
             name="Debian 13 source for Compose v2 only",
-            src=StringIO(
-                render.render(
-                    "apt/rigfleet-repo.sources.j2",
-                    description="Debian 13, for docker-compose (Compose v2) only",
-                    url=debian_mirror(),
-                    suite="trixie",
-                    components=["main"],
-                    architectures=["amd64"],
-                    keyring=DEBIAN_ARCHIVE_KEYRING,
-                )
-            ),
             dest="/etc/apt/sources.list.d/rigfleet-trixie-compose.sources",
-            mode="0644",
+            content=render.render(
+                "apt/rigfleet-repo.sources.j2",
+                description="Debian 13, for docker-compose (Compose v2) only",
+                url=debian_mirror(),
+                suite="trixie",
+                components=["main"],
+                architectures=["amd64"],
+                keyring=DEBIAN_ARCHIVE_KEYRING,
+            ),
         )
-        files.put(
+        files_ops.config_file(
             name="Take nothing but docker-compose from Debian 13",
-            src=StringIO(render.render("apt/rigfleet-compose-from-trixie.pref.j2")),
             dest="/etc/apt/preferences.d/rigfleet-compose-from-trixie.pref",
-            mode="0644",
+            content=render.render("apt/rigfleet-compose-from-trixie.pref.j2"),
         )
     apt_ops.install(name="Docker from the distribution", packages=packages)
     return packages

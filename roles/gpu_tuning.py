@@ -4,15 +4,14 @@ a `systemctl daemon-reload` does not take the GPUs away from running containers.
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 
 from rigfleet import render
 from rigfleet.context import RigContext
 from rigfleet.facts.nvidia import NvidiaSmi
+from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import Rig
 from roles.preflight import target
@@ -41,11 +40,10 @@ def gpu_tuning(context: RigContext) -> None:
             return  # preflight refuses this rig
         rig = context.rig
         rendered = render.host_files(rig)
-        rule = files.put(
+        rule = files_ops.config_file(
             name="udev rule: /dev/char symlinks for NVIDIA devices",
-            src=StringIO(rendered["udev/71-nvidia-dev-char.rules"]),
             dest=UDEV_RULE,
-            mode="0644",
+            content=rendered["udev/71-nvidia-dev-char.rules"],
         )
         server.shell(
             name="Create the /dev/char symlinks now (the rule acts from the next driver load)",
@@ -56,11 +54,10 @@ def gpu_tuning(context: RigContext) -> None:
             ],
             _if=rule.did_change,
         )
-        unit = files.put(
+        unit = files_ops.config_file(
             name="Power cap and persistence unit",
-            src=StringIO(rendered[f"systemd/{UNIT}"]),
             dest=f"/etc/systemd/system/{UNIT}",
-            mode="0644",
+            content=rendered[f"systemd/{UNIT}"],
         )
         systemd.daemon_reload(name="Reload systemd for the unit", _if=unit.did_change)
         systemd.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)

@@ -9,16 +9,15 @@ reboot only when the driver needs one.
 
 from __future__ import annotations
 
-from io import StringIO
-
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
+from rigfleet.operations import files as files_ops
 from rigfleet.operations import server as server_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.schema import AptRepo, DriverPin, Rig
@@ -88,11 +87,10 @@ def nvidia_driver(context: RigContext) -> None:
         rig, pin = context.rig, context.pinset.driver
         gpu_name = catalog.gpus()[rig.gpu_model]["name"]
 
-        nouveau = files.put(
+        nouveau = files_ops.config_file(
             name="Blacklist nouveau",
-            src=StringIO(render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2")),
             dest=NOUVEAU_CONF,
-            mode="0644",
+            content=render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2"),
         )
         server.shell(
             name="Rebuild the initramfs without nouveau",
@@ -117,33 +115,23 @@ def nvidia_driver(context: RigContext) -> None:
         else:
             repo = cuda_repo(rig, where)
             slug = f"cuda-{where.cuda_slug}-x86_64"
-            apt_ops.keyring(
-                name="CUDA repository key (checked by fingerprint)",
-                src=repo.key_url,
-                dest=CUDA_KEYRING,
+            apt_ops.repository(
+                name="CUDA repository: key checked by fingerprint, deb822 source",
+                key_url=repo.key_url,
                 fingerprint=repo.key_fingerprint,
-            )
-            # the cuda-keyring package's list names the same URL with another Signed-By: apt would refuse both
-            files.file(
-                name="Remove the cuda-keyring source list",
-                path=f"/etc/apt/sources.list.d/{slug}.list",
-                present=False,
-            )
-            files.put(
-                name="CUDA repository source (deb822)",
-                src=StringIO(
-                    render.render(
-                        "apt/rigfleet-repo.sources.j2",
-                        description="NVIDIA CUDA repository",
-                        url=repo.url,
-                        suite="/",
-                        components=[],
-                        architectures=[],
-                        keyring=CUDA_KEYRING,
-                    )
+                keyring=CUDA_KEYRING,
+                source=f"/etc/apt/sources.list.d/{slug}.sources",
+                content=render.render(
+                    "apt/rigfleet-repo.sources.j2",
+                    description="NVIDIA CUDA repository",
+                    url=repo.url,
+                    suite="/",
+                    components=[],
+                    architectures=[],
+                    keyring=CUDA_KEYRING,
                 ),
-                dest=f"/etc/apt/sources.list.d/{slug}.sources",
-                mode="0644",
+                # the cuda-keyring package's list names the same URL with another Signed-By
+                legacy=[f"/etc/apt/sources.list.d/{slug}.list"],
             )
             pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
             driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"

@@ -9,9 +9,11 @@ Facts are read here in deploy code: all of them describe the rig before this run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.context import ctx_host
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
@@ -56,9 +58,21 @@ def target_of(info: PlatformInfo) -> Target | None:
     return Target(info.id, info.version_id, codename, info.kernel)
 
 
+_platforms: WeakKeyDictionary[object, PlatformInfo] = WeakKeyDictionary()
+
+
+def platform() -> PlatformInfo:
+    """The rig's platform, read once per host and run: every role branches on it, and deploy code
+    runs before anything is executed, so it cannot have changed in between."""
+    key = ctx_host.get()  # the Host object itself: a new one each run
+    if key not in _platforms:
+        _platforms[key] = host.get_fact(Platform)
+    return _platforms[key]
+
+
 def target(context: RigContext) -> Target | None:
     """The rig's platform, or None when it is not supported (preflight refuses it)."""
-    return target_of(host.get_fact(Platform))
+    return target_of(platform())
 
 
 def uses_dkms(rig: Rig, where: Target) -> bool:
@@ -74,7 +88,7 @@ def headers_metapackage(where: Target) -> str:
 def assess(context: RigContext) -> list[str]:
     """Everything that stops this rig, each with its fix; empty when it may go ahead."""
     rig = context.rig
-    info = host.get_fact(Platform)
+    info = platform()
     where = target_of(info)
     if where is None:
         found = (

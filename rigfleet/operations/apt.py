@@ -5,14 +5,17 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
+from io import StringIO
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
+from pyinfra.operations import files
 
-from rigfleet.facts.apt import DpkgInterrupted, HeldPackages, KeyringFingerprints
+from rigfleet.facts.apt import AptRepositoryFiles, DpkgInterrupted, HeldPackages
 from rigfleet.facts.system import KernelHeaders
+from rigfleet.operations.files import matches
 
 # rigfleet moves held packages itself (a re-pin) and may go back to an older pinned version
 INSTALL = "install --allow-change-held-packages --allow-downgrades"
@@ -41,20 +44,33 @@ def keyring_script(src: str, dest: str, fingerprint: str) -> str:
 
 
 @operation()
-def keyring(src: str, dest: str, fingerprint: str):
+def repository(key_url: str, fingerprint: str, keyring: str, source: str, content: str,
+               legacy: list[str] | None = None):
     """
-    Install the apt signing key `fingerprint` from `src` into the binary keyring `dest`.
+    A third-party apt repository: its signing key checked by fingerprint, its deb822 source, and
+    no legacy list for the same URL left behind (apt refuses two entries with different Signed-By).
 
-    + src: URL (or absolute path on the rig) of the key, armored or binary
-    + dest: keyring file for `Signed-By:`
-    + fingerprint: 40 hex digits; any other key in `src` is dropped, a key without it is refused
+    + key_url: URL (or absolute path on the rig) of the key, armored or binary
+    + fingerprint: 40 hex digits; any other key there is dropped, a key without it is refused
+    + keyring: binary keyring file the source names in `Signed-By:`
+    + source: the deb822 .sources file
+    + content: that file's content
+    + legacy: other source lists for the same repository (the vendor's one-line .list)
     """
     fingerprint = fingerprint.replace(" ", "").upper()
-    present = host.get_fact(KeyringFingerprints, path=dest)
-    if present == [fingerprint]:
-        host.noop(f"keyring {dest} holds exactly {fingerprint}")
-        return
-    yield StringCommand(keyring_script(src, dest, fingerprint))
+    present = host.get_fact(AptRepositoryFiles, keyring=keyring, source=source, legacy=legacy or [])
+    changed = False
+    if present.fingerprints != [fingerprint]:
+        changed = True
+        yield StringCommand(keyring_script(key_url, keyring, fingerprint))
+    if present.legacy:
+        changed = True
+        yield StringCommand("rm -f", *(shlex.quote(path) for path in present.legacy))
+    if not matches(present.source, content, "0644"):
+        changed = True
+        yield from files.put._inner(src=StringIO(content), dest=source, mode="0644")
+    if not changed:
+        host.noop(f"{source}: key {fingerprint}, source up to date")
 
 
 def repair_script(lock_timeout_s: int) -> str:

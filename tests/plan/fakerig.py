@@ -30,9 +30,12 @@ from rigfleet import catalog
 from rigfleet.context import RigContext
 from rigfleet.facts import apt as rf_apt
 from rigfleet.facts import docker as rf_docker
+from rigfleet.facts import files as rf_files
 from rigfleet.facts import nvidia as rf_nvidia
 from rigfleet.facts import system as rf_system
+from rigfleet.facts.apt import RepositoryFiles
 from rigfleet.facts.docker import DaemonConfig
+from rigfleet.facts.files import FileDigest
 from rigfleet.facts.nvidia import Gpu, NvidiaSmiState
 from rigfleet.facts.system import DiskUsage, HeadersState, PlatformInfo, SecureBootState
 from rigfleet.loader import Fleet
@@ -139,6 +142,14 @@ class FakeRig:
         content = self.files.get(path)
         return hashlib.sha1(content.encode()).hexdigest() if content is not None else None  # noqa: S324
 
+    def _digest(self, path: str) -> FileDigest | None:
+        content = self.files.get(path)
+        return FileDigest("644", hashlib.sha256(content.encode()).hexdigest()) if content is not None else None
+
+    def _repository(self, keyring: str, source: str, legacy: list[str]) -> RepositoryFiles:
+        return RepositoryFiles(self.keyrings.get(keyring), self._digest(source),
+                               [path for path in legacy if path in self.files])
+
     def _daemon_json(self, path: str) -> DaemonConfig:
         text = self.files.get(path)
         if text is None:
@@ -174,6 +185,8 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_nvidia.CdiDevices: lambda r: list(r.cdi_devices),
     rf_apt.HeldPackages: lambda r: sorted(r.held),
     rf_apt.KeyringFingerprints: lambda r, path: r.keyrings.get(path),
+    rf_apt.AptRepositoryFiles: FakeRig._repository,
+    rf_files.ManagedFile: FakeRig._digest,
     rf_apt.DpkgInterrupted: lambda r: [],
     rf_docker.DockerDaemonConfig: lambda r, path=rf_docker.DAEMON_JSON: r._daemon_json(path),
     rf_docker.DockerRuntimes: lambda r: r.runtimes,

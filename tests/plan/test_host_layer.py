@@ -414,3 +414,25 @@ def test_repin_moves_held_packages_to_the_pinned_versions() -> None:
         f"{APT_INSTALL} 'nvidia-container-toolkit=1.18.1-*' 'nvidia-container-toolkit-base=1.18.1-*' "
         "'libnvidia-container-tools=1.18.1-*' 'libnvidia-container1=1.18.1-*'",
     ]
+
+
+def test_legacy_source_lists_removed_and_nothing_else() -> None:
+    """A vendor's one-line list for the same repository (another Signed-By: apt refuses both) goes."""
+    context = context_for("debian-13", docker_source="docker-ce")
+    legacy = [
+        "/etc/apt/sources.list.d/cuda-debian13-x86_64.list",
+        "/etc/apt/sources.list.d/docker.list",
+        "/etc/apt/sources.list.d/nvidia-container-toolkit.list",
+    ]
+    rig = scenarios.converged(context, "debian-13")
+    rig = rig.with_(files={**rig.files, **{path: "deb https://example.invalid/ /\n" for path in legacy}})
+    assert plan(context, rig).events == [("run", f"rm -f {path}") for path in legacy]
+
+
+def test_edited_config_file_is_rewritten() -> None:
+    context = context_for("debian-13")
+    rig = scenarios.converged(context, "debian-13")
+    unit = "/etc/systemd/system/rigfleet-gpu-tuning.service"
+    result = plan(context, rig.with_(files={**rig.files, unit: rig.files[unit] + "# edited by hand\n"}))
+    assert ("upload", unit) in result.events
+    assert result.uploads[unit] == rig.files[unit]

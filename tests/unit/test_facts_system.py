@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -9,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.facts.apt import HeldPackages, KeyringFingerprints
+from rigfleet.facts.apt import AptRepositoryFiles, HeldPackages, KeyringFingerprints
 from rigfleet.facts.docker import DockerDaemonConfig, DockerImagePresent, DockerRuntimes
+from rigfleet.facts.files import ManagedFile
 from rigfleet.facts.nvidia import CdiDevices
 from rigfleet.facts.system import (
     BootId,
@@ -195,3 +197,26 @@ def test_keyring_fetch_checks_the_fingerprint(tmp_path: Path) -> None:
     )
     assert result.returncode == 1 and "does not have fingerprint" in result.stderr and not wrong.exists()
     assert KeyringFingerprints().process(sh(KeyringFingerprints().command(path=str(wrong)))) is None
+
+
+def test_managed_file_mode_and_digest_run_for_real(tmp_path: Path) -> None:
+    path = tmp_path / "unit.service"
+    fact = ManagedFile()
+    assert fact.process(sh(fact.command(path=str(path)))) is None
+    path.write_text("[Unit]\n")
+    path.chmod(0o640)
+    digest = fact.process(sh(fact.command(path=str(path))))
+    assert digest is not None and digest.mode == "640"
+    assert digest.sha256 == hashlib.sha256(b"[Unit]\n").hexdigest()
+
+
+def test_apt_repository_files_in_one_command(tmp_path: Path) -> None:
+    source, legacy, gone = tmp_path / "vendor.sources", tmp_path / "vendor.list", tmp_path / "other.list"
+    fact = AptRepositoryFiles()
+    command = fact.command(keyring=str(tmp_path / "none.gpg"), source=str(source), legacy=[str(legacy), str(gone)])
+    empty = fact.process(sh(command))
+    assert (empty.fingerprints, empty.source, empty.legacy) == (None, None, [])
+    source.write_text("Types: deb\n")
+    legacy.write_text("deb x /\n")
+    found = fact.process(sh(command))
+    assert found.source is not None and found.source.mode == "644" and found.legacy == [str(legacy)]
