@@ -6,8 +6,12 @@ any host: bad input exits 2 with one line per problem.
 """
 
 from rigfleet.context import fleet, pyinfra_host_data
+from rigfleet.hostkeys import install_hints
 
 _fleet = fleet()
+# a refused host key (strict checking, never accept-new) is reported with the way out:
+# check the fingerprint with `rigfleet hostkeys`, then `rigfleet hostkeys --record`
+install_hints()
 
 rigs = [(rig.name, pyinfra_host_data(_fleet, rig)) for rig in _fleet.rigs]
 

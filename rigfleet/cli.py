@@ -140,6 +140,7 @@ def plan(as_json: bool) -> None:
 def _register_optional() -> None:
     """Commands of later layers; the sandbox group is simulated rigs for rehearsal and tests."""
     import rigfleet.cli_fleet  # noqa: F401 - registers repin and status on `main`
+    import rigfleet.cli_hostkeys  # noqa: F401 - registers hostkeys on `main`
     import rigfleet.rollback  # noqa: F401 - registers rollback on `main`
 
     try:
