@@ -156,8 +156,8 @@ def _ts(text: str) -> float:
 
 def last_downtime(fleet: Fleet, rig: str) -> float | None:
     raw = on_rig(fleet, rig, "sudo cat /var/lib/rigfleet/ledger.json")
-    history = json.loads(raw).get("history", []) if raw else []
-    passed = [a for a in history if a.get("result") == "passed" and a.get("downtime_s") is not None]
+    attempts = json.loads(raw).get("attempts", []) if raw else []
+    passed = [a for a in attempts if a.get("result") == "passed" and a.get("downtime_s") is not None]
     return float(passed[-1]["downtime_s"]) if passed else None
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
+import gevent
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
-from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.facts import get_facts
 from pyinfra.api.operations import run_ops
+from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from rigfleet import catalog
 from rigfleet.context import RigContext, pyinfra_host_data
@@ -130,7 +131,7 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
                 for role in host.loop(roles):  # one identity per role (see deploy.py)
                     role(contexts[host.name])
 
-            add_deploy(state, deploy_rig)
+            _prepare_in_parallel(state, deploy_rig)
             try:
                 with log:
                     run_ops(state)
@@ -140,6 +141,29 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     finally:
         disconnect_all(state)
     return outcomes
+
+
+def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
+    """Run the deploy code of every host at once, one greenlet each, as `pyinfra deploy.py` does.
+
+    The roles read facts while they decide which operations to add; pyinfra's add_deploy runs
+    them host after host, so that read time would add up with every rig in the call.
+    """
+
+    def prepare(host: Any) -> BaseException | None:
+        try:
+            with ctx_config.use(state.config.copy()), ctx_host.use(host):
+                deploy()
+        except Exception as exc:  # re-raised below, in the caller's greenlet
+            return exc
+        return None
+
+    with ctx_state.use(state):
+        greenlets = [state.pool.spawn(prepare, host) for host in state.inventory.get_active_hosts()]
+        gevent.joinall(greenlets)
+    for greenlet in greenlets:
+        if isinstance(greenlet.value, BaseException):
+            raise greenlet.value
 
 
 def _roles() -> list[Role]:
