@@ -32,6 +32,9 @@ unicode_text = st.text(alphabet=st.characters(min_codepoint=0x80, max_codepoint=
                        max_size=30)
 not_hex = st.one_of(st.from_regex(r"[0-9a-f]{1,39}", fullmatch=True), st.from_regex(r"[0-9a-f]{41,80}",
                     fullmatch=True), st.from_regex(r"[g-z]{40}", fullmatch=True), unicode_text, huge)
+# a sha256 is 64 hex digits: the commit's "too long" range would draw valid ones
+not_sha256 = st.one_of(st.from_regex(r"[0-9a-f]{1,63}", fullmatch=True), st.from_regex(r"[0-9a-f]{65,90}",
+                       fullmatch=True), st.from_regex(r"[g-z]{64}", fullmatch=True), unicode_text, huge)
 
 
 def set_path(body: dict[str, Any], path: tuple[str | int, ...], value: object) -> None:
@@ -44,8 +47,8 @@ def set_path(body: dict[str, Any], path: tuple[str | int, ...], value: object) -
 # (path inside the pin set, the field the message must name, values that are wrong whatever is drawn)
 CASES: list[tuple[tuple[str | int, ...], str, st.SearchStrategy[object]]] = [
     (("genesis", "commit"), "genesis.commit", not_hex),
-    (("genesis", "sha256"), "genesis.sha256", not_hex),
-    (("overlays", 0, "files", 0, "sha256"), "overlays.0.files.0.sha256", not_hex),
+    (("genesis", "sha256"), "genesis.sha256", not_sha256),
+    (("overlays", 0, "files", 0, "sha256"), "overlays.0.files.0.sha256", not_sha256),
     (("overlays", 0, "files", 0, "target"), "overlays.0.files.0.target",
      st.one_of(st.just("/etc/passwd.py"), st.just("../../x.py"), st.from_regex(r"[a-z]{1,8}\.sh", fullmatch=True),
                junk)),
