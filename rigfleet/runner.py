@@ -24,7 +24,7 @@ from pyinfra.api.facts import get_facts
 from pyinfra.api.operations import run_ops
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import catalog
+from rigfleet import catalog, hostkeys
 from rigfleet.context import RigContext, pyinfra_host_data
 from rigfleet.loader import Fleet
 from rigfleet.paths import REPO_ROOT
@@ -54,6 +54,7 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     # preview, again at execution) and the preview pass runs host by host. `pyinfra -y` does the same.
     state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config),
                   check_for_changes=False)
+    hostkeys.install_hints()  # a refused host key is reported with the way to record it
     # "No hosts remaining!" when every host failed to connect: reported per rig below.
     with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)
