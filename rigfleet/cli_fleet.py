@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import rollout, runner, status
+from rigfleet import liveness, rollout, status
 from rigfleet.cli import _warn, load_checked, main, user_errors
 
 out = Console(highlight=False, soft_wrap=True)
@@ -48,19 +48,23 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
                 out.print(f"    [yellow]{warning}[/yellow]")
         out.print(f"  wave took {wave.seconds:.0f} s")
 
-    result = rollout.run(fleet, plan, runner.converge, max_failures, on_wave=done, on_start=start)
+    result = rollout.run(fleet, plan, liveness.converge, max_failures, on_wave=done, on_start=start)
     out.print()
     if result.ok:
         out.print(f"[green]re-pin complete[/green]: {len(result.touched)} rigs converged")
         return
     unreachable = result.unreachable
-    failed = [rig for rig in result.failed if rig not in unreachable]
+    lost = [rig for wave in result.waves for rig, outcome in wave.outcomes.items() if liveness.lost(outcome)]
+    failed = [rig for rig in result.failed if rig not in unreachable and rig not in lost]
     converged = [rig for rig in result.touched if rig not in result.failed]
     out.print(f"[red]re-pin halted[/red] after {len(result.waves)} of {len(plan)} waves: "
               f"failed {', '.join(failed) or '-'}; unreachable {', '.join(unreachable) or '-'}; "
+              f"{liveness.LOST} {', '.join(lost) or '-'}; "
               f"converged {', '.join(converged) or '-'}; untouched {', '.join(result.untouched) or '-'}.")
-    out.print("A rig whose gate failed is back on its previous release; an unreachable rig was not changed. "
-              "Fix the cause and run the same command again to continue.")
+    out.print("A rig whose gate failed is back on its previous release; an unreachable rig was not changed; "
+              "a rig lost mid-converge may have stopped half-way (its ledger still names the release it last "
+              "passed). Fix the cause (for a lost rig: wait until it answers again) and run the same command "
+              "again to continue.")
     sys.exit(1)
 
 

@@ -419,6 +419,57 @@ def down(log: Log = _echo, timeout: float = POWEROFF_TIMEOUT_S) -> dict[str, lis
         return left
 
 
+# -- power one rig off and on -----------------------------------------------------------------
+
+
+def _running_init(spec: RigSpec) -> int | None:
+    st = read_state(spec)
+    return _rig_init(st.get("nspawn_pid")) if st.get("state") == "running" else None
+
+
+def power_off(name: str, timeout: float = POWEROFF_TIMEOUT_S, log: Log = _echo) -> None:
+    """Cut one rig's power, as a pulled plug would, and leave it off (power_on brings it back).
+
+    Its NIC goes dark first (the rig side of its veth down), so nothing of a dying box reaches the
+    wire: no FIN, no RST, and afterwards no ARP answer; a peer sees silence, as with real hardware.
+    Then the container dies at once (`systemctl poweroff --force --force` inside it: reboot(2)
+    with no orderly shutdown). nspawn reports a poweroff, so the supervisor ends and the rig
+    stays down. The other rigs and the host services are not touched.
+    """
+    _require_root_linux()
+    spec = RigSpec.from_name(name)
+    init = _running_init(spec)
+    supervisor = read_state(spec).get("supervisor_pid")
+    if not init or not procs.alive(supervisor):
+        raise SandboxError(f"{name} (simulated rig) is not running; nothing to power off")
+    run(["ip", "-n", spec.netns, "link", "set", "eth0", "down"])
+    run(["nsenter", "-t", str(init), "-a", "systemctl", "poweroff", "--force", "--force"], check=False, timeout=30)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and procs.alive(supervisor):
+        _reap()
+        time.sleep(0.1)
+    if procs.alive(supervisor):
+        raise SandboxError(f"{name} (simulated rig) did not power off within {timeout:.0f}s; see {LOG_DIR / name}.log")
+    log(f"{name} (simulated rig) powered off (power cut: no orderly shutdown, link dark)")
+
+
+def power_on(name: str, log: Log = _echo) -> float:
+    """Power a rig that power_off (or a poweroff inside it) left down on again: its link back up,
+    a supervisor started as `up` starts it. Returns seconds from nspawn's start to sshd answering."""
+    _require_root_linux()
+    spec = RigSpec.from_name(name)
+    if procs.alive(read_state(spec).get("supervisor_pid")):
+        raise SandboxError(f"{name} (simulated rig) is already on")
+    ns = ["ip", "-n", spec.netns]
+    run([*ns, "link", "set", "eth0", "up"])
+    # a link taken down loses its routes; the connected one comes back with the link, this one not
+    run([*ns, "route", "replace", "default", "via", spec.host_addr])
+    _spawn("rigfleet.sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
+    seconds = _wait_boot(spec)
+    log(f"{name} (simulated rig) powered on: sshd answered {seconds:.1f}s after systemd-nspawn started")
+    return seconds
+
+
 # -- status ---------------------------------------------------------------------------------
 
 
