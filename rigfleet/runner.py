@@ -22,6 +22,7 @@ from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.facts import get_facts
 from pyinfra.api.operations import run_ops
+from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
 from rigfleet import catalog, hostkeys
@@ -55,6 +56,9 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     state = State(Inventory((hosts, {})), Config(CONNECT_TIMEOUT=config.pop("connect_timeout", 10), **config),
                   check_for_changes=False)
     hostkeys.install_hints()  # a refused host key is reported with the way to record it
+    # pyinfra memoizes each known_hosts file for the life of the process; a long-running caller
+    # (a re-pin's waves, the bench) must see the file as it is now: a key recorded, a rig rebuilt
+    get_host_keys.cache.clear()  # type: ignore[attr-defined]
     # "No hosts remaining!" when every host failed to connect: reported per rig below.
     with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)

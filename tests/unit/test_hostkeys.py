@@ -322,3 +322,34 @@ def test_status_and_repin_refuse_an_unknown_key_and_say_how_to_record_it(tmp_pat
     assert "rig-01: unreachable (SSH error (StrictPolicy" in repin.stdout  # the runner's collected reason
     assert "rigfleet hostkeys --record rig-01" in repin.stdout, repin.stdout
     assert (inv / "known_hosts").read_text() == "# empty\n"  # never accept-new
+
+
+def test_runner_reads_known_hosts_as_it_is_at_each_call(tmp_path: Path, server: Server,
+                                                        server_key: paramiko.PKey) -> None:
+    """pyinfra memoizes a known_hosts file per process; rigfleet's runner must not: a key recorded
+    (or a rig rebuilt) between two calls of one process is seen by the second (a subprocess, as
+    pyinfra patches the process with gevent)."""
+    inv = inventory(tmp_path, {"rig-01": server.port})
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(inv / "id_ed25519")], check=True)
+    write_yaml(inv / "host_vars" / "rig-01.yml", {"ssh_key": "id_ed25519"})
+    entry = f"[127.0.0.1]:{server.port}"
+    other = paramiko.ECDSAKey.generate()
+    (inv / "known_hosts").write_text(f"{entry} {other.get_name()} {other.get_base64()}\n")
+    recorded = f"{entry} {server_key.get_name()} {server_key.get_base64()}\n"
+    script = f"""
+import json, sys
+from pathlib import Path
+from rigfleet import runner
+from rigfleet.loader import load_fleet
+from rigfleet.facts.system import BootId
+fleet = load_fleet(Path({str(inv)!r}))
+_, first = runner.read_facts(fleet, ["rig-01"], BootId)
+Path({str(inv / "known_hosts")!r}).write_text({recorded!r})
+_, second = runner.read_facts(fleet, ["rig-01"], BootId)
+print(json.dumps([first["rig-01"].errors, second["rig-01"].errors]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    first, second = json.loads(done.stdout.strip().splitlines()[-1])
+    assert any("does not match" in error for error in first), first
+    # the recorded key is accepted now; the server takes no login, so the error is about authentication
+    assert second and not any("does not match" in error or "host key" in error.lower() for error in second), second
