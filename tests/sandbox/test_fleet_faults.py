@@ -95,8 +95,8 @@ def other_pinset(rows: dict[str, dict[str, Any]]) -> str:
 
 def repin_with_fault(inventory: Path, tmp_path: Path, inject: Callable[[int], None]) -> tuple[int, str]:
     """`rigfleet repin --wave 1` (as test_fleet.rigfleet runs it); `inject(init pid of rig-02)` the
-    moment rig-02's gate runs; returns (exit status, stdout + stderr). Fails if the gate is never seen or `repin` does
-    not end within HALT_TIMEOUT_S of the fault."""
+    moment rig-02's gate runs; returns (exit status, stdout + stderr). Fails if the gate is never
+    seen or `repin` does not end within HALT_TIMEOUT_S of the fault."""
     init = rig_init(TARGET)
     out_path, err_path = tmp_path / "repin.out", tmp_path / "repin.err"
     started = time.monotonic()
