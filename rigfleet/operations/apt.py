@@ -59,18 +59,16 @@ def repository(key_url: str, fingerprint: str, keyring: str, source: str, conten
     """
     fingerprint = fingerprint.replace(" ", "").upper()
     present = host.get_fact(AptRepositoryFiles, keyring=keyring, source=source, legacy=legacy or [])
-    changed = False
-    if present.fingerprints != [fingerprint]:
-        changed = True
+    key_ok, source_ok = present.fingerprints == [fingerprint], matches(present.source, content, "0644")
+    if key_ok and source_ok and not present.legacy:
+        host.noop(f"{source}: key {fingerprint}, source up to date")
+        return
+    if not key_ok:
         yield StringCommand(keyring_script(key_url, keyring, fingerprint))
     if present.legacy:
-        changed = True
         yield StringCommand("rm -f", *(shlex.quote(path) for path in present.legacy))
-    if not matches(present.source, content, "0644"):
-        changed = True
+    if not source_ok:
         yield from files.put._inner(src=StringIO(content), dest=source, mode="0644")
-    if not changed:
-        host.noop(f"{source}: key {fingerprint}, source up to date")
 
 
 def repair_script(lock_timeout_s: int) -> str:
