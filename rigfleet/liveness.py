@@ -21,10 +21,8 @@ ledger names the release it last passed, and the next run continues from what is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
-import socket
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,37 +30,12 @@ import click
 from pyinfra.api import BaseStateCallback
 
 from rigfleet import runner
+from rigfleet.deadpeer import DEAD_AFTER_S, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, arm
 from rigfleet.loader import Fleet
 from rigfleet.runner import RigOutcome
 
-KEEPALIVE_IDLE_S = 15
-KEEPALIVE_INTERVAL_S = 5
-DEAD_AFTER_S = 45
-
-_ARMED = "_rigfleet_dead_peer_detection"
-
-
-def arm(connection: Any) -> bool:
-    """Arm the TCP socket under a pyinfra SSH connector (`host.connector`); False when there is
-    none (not connected yet, another connector, a proxy command instead of a socket)."""
-    client = getattr(connection, "client", None)
-    get_transport = getattr(client, "get_transport", None)
-    transport = get_transport() if callable(get_transport) else None
-    sock = getattr(transport, "sock", None)
-    if not isinstance(sock, socket.socket):
-        return False
-    if getattr(transport, _ARMED, False):
-        return True
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
-                            ("TCP_KEEPCNT", DEAD_AFTER_S // KEEPALIVE_INTERVAL_S),
-                            ("TCP_USER_TIMEOUT", DEAD_AFTER_S * 1000)):
-            option = getattr(socket, name, None)
-            if option is not None:  # Linux has them all; elsewhere keepalive alone still helps
-                sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        setattr(transport, _ARMED, True)
-    return True
+__all__ = ["DEAD_AFTER_S", "KEEPALIVE_IDLE_S", "KEEPALIVE_INTERVAL_S", "LOST", "DeadPeerDetection", "arm",
+           "converge", "lost"]
 
 
 class DeadPeerDetection(BaseStateCallback):

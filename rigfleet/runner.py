@@ -25,7 +25,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import catalog, hostkeys
+from rigfleet import catalog, deadpeer, hostkeys
 from rigfleet.context import RigContext, pyinfra_host_data
 from rigfleet.loader import Fleet
 from rigfleet.paths import REPO_ROOT
@@ -62,6 +62,8 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     # "No hosts remaining!" when every host failed to connect: reported per rig below.
     with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)
+    for host in state.active_hosts:
+        deadpeer.arm(host.connector)  # a rig that goes dark mid-command fails it instead of hanging
     for host in state.inventory:
         if host not in state.active_hosts:
             outcomes[host.name].reachable = False
