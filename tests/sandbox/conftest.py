@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from rigfleet.sandbox import manager, procs
 
@@ -120,3 +123,29 @@ def sandbox(request: pytest.FixtureRequest, sandbox_session: SandboxSession) -> 
     for stale in handle.host_vars_dir.glob("*"):
         stale.unlink()
     return handle
+
+
+def module_inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, *,
+                   pinsets: Iterable[str] | None = None, group: dict[str, Any] | None = None,
+                   rig_vars: dict[str, dict[str, Any]] | None = None) -> Path:
+    """A module's own copy of the sandbox inventory (its edits stay its own), host_vars/ empty but
+    for `rig_vars`, group_vars/all.yml updated with `group`, and only `pinsets` when given (the
+    sandbox also publishes a deliberately bad pin set for the guard's tests)."""
+    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
+    shutil.copytree(sandbox.inventory_dir, copy)
+    if pinsets is not None:
+        published = yaml.safe_load((copy / "pinsets.yml").read_text())
+        (copy / "pinsets.yml").write_text(yaml.safe_dump({name: published[name] for name in pinsets}))
+    if group:
+        path = copy / "group_vars" / "all.yml"
+        path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **group}))
+    shutil.rmtree(copy / "host_vars", ignore_errors=True)
+    (copy / "host_vars").mkdir()
+    for rig, values in (rig_vars or {}).items():
+        (copy / "host_vars" / f"{rig}.yml").write_text(yaml.safe_dump(values))
+    return copy
+
+
+def group_pinset(sandbox: Sandbox) -> str:
+    """The pin set the sandbox's group_vars give every rig."""
+    return str(yaml.safe_load((sandbox.inventory_dir / "group_vars" / "all.yml").read_text())["pinset"])

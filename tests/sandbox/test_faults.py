@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from rigfleet.sandbox.aptrepo import DRIVER_VERSIONS
 from rigfleet.sandbox.layout import RigSpec
 from rigfleet.sandbox.supervisor import read_boots
 
-from .conftest import Sandbox
+from .conftest import Sandbox, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -67,13 +66,7 @@ seen: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
-    shutil.copytree(sandbox.inventory_dir, copy)
-    groups = yaml.safe_load((copy / "group_vars" / "all.yml").read_text())
-    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
-    (copy / "pinsets.yml").write_text(yaml.safe_dump({groups["pinset"]: pinsets[groups["pinset"]]}))
-    (copy / "host_vars").mkdir(exist_ok=True)
-    return copy
+    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)])
 
 
 def host_vars(inventory: Path, **values: Any) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from rigfleet.paths import REPO_ROOT
 from rigfleet.sandbox import manager, procs
 from rigfleet.sandbox.layout import LOG_DIR, REGISTRY_DIR, REGISTRY_PORT, SERVICE_ADDR
 
-from .conftest import Sandbox
+from .conftest import Sandbox, module_inventory
 
 SANDBOX_RIGS = 4
 RIGS = ["rig-01", "rig-02", "rig-03", "rig-04"]
@@ -47,16 +46,9 @@ def bin_path(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
-    shutil.copytree(sandbox.inventory_dir, copy)
-    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
-    # the deliberately bad pin set is for the guard's tests; a re-pin goes between a and b
-    (copy / "pinsets.yml").write_text(yaml.safe_dump({k: v for k, v in pinsets.items() if k != "sandbox-c"}))
-    set_group(copy, pinset="sandbox-a", gate="basic", gate_timeout_s=GATE_TIMEOUT_S)
-    (copy / "host_vars").mkdir(exist_ok=True)
-    for stale in (copy / "host_vars").glob("*"):
-        stale.unlink()
-    return copy
+    # a re-pin goes between a and b
+    return module_inventory(sandbox, tmp_path_factory, pinsets=["sandbox-a", "sandbox-b"],
+                          group={"pinset": "sandbox-a", "gate": "basic", "gate_timeout_s": GATE_TIMEOUT_S})
 
 
 def set_group(inventory: Path, **values: Any) -> None:

@@ -18,14 +18,12 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from rigfleet import catalog
 from rigfleet.loader import load_fleet
@@ -34,7 +32,7 @@ from rigfleet.sandbox.aptrepo import DRIVER_VERSIONS
 from rigfleet.sandbox.layout import RigSpec
 from rigfleet.sandbox.supervisor import read_boots
 
-from .conftest import Sandbox
+from .conftest import Sandbox, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -60,17 +58,8 @@ seen: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sandbox's inventory with this module's host vars, and only the pin sets its rigs use: the
-    sandbox also publishes a deliberately bad pin set for the guard's tests, which the guard (rightly)
-    refuses in an inventory that pyinfra loads."""
-    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
-    shutil.copytree(sandbox.inventory_dir, copy)
-    groups = yaml.safe_load((copy / "group_vars" / "all.yml").read_text())
-    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
-    (copy / "pinsets.yml").write_text(yaml.safe_dump({groups["pinset"]: pinsets[groups["pinset"]]}))
-    (copy / "host_vars").mkdir(exist_ok=True)
-    (copy / "host_vars" / f"{RIG}.yml").write_text(yaml.safe_dump({"power_limit_w": POWER_LIMIT_W}))
-    return copy
+    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
+                          rig_vars={RIG: {"power_limit_w": POWER_LIMIT_W}})
 
 
 def deploy(inventory: Path) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from rigfleet import render
 from rigfleet.loader import load_fleet
 from rigfleet.paths import REPO_ROOT
 
-from .conftest import Sandbox
+from .conftest import Sandbox, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -49,17 +49,11 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
-    shutil.copytree(sandbox.inventory_dir, copy)
-    groups = yaml.safe_load((copy / "group_vars" / "all.yml").read_text())
-    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
-    keep = {groups["pinset"], OTHER_PINSET}  # the other one: a new image to build in the disk-full test
-    (copy / "pinsets.yml").write_text(yaml.safe_dump({name: pinsets[name] for name in keep}))
-    (copy / "host_vars").mkdir(exist_ok=True)
-    (copy / "host_vars" / f"{RIG}.yml").write_text(yaml.safe_dump({
-        "api_key": {"env": "RIGFLEET_SEC_API_KEY"}, "hf_token": {"env": "RIGFLEET_SEC_HF_TOKEN"},
-        "gate_timeout_s": 120, "variant": "tq3-nomtp"}))
-    return copy
+    # the other pin set: a new image to build in the disk-full test
+    return module_inventory(sandbox, tmp_path_factory, pinsets=sorted({group_pinset(sandbox), OTHER_PINSET}),
+                          rig_vars={RIG: {"api_key": {"env": "RIGFLEET_SEC_API_KEY"},
+                                          "hf_token": {"env": "RIGFLEET_SEC_HF_TOKEN"},
+                                          "gate_timeout_s": 120, "variant": "tq3-nomtp"}})
 
 
 def rig(sandbox: Sandbox, command: str, check: bool = True) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -29,7 +28,7 @@ import yaml
 
 from rigfleet.paths import REPO_ROOT
 
-from .conftest import Sandbox
+from .conftest import Sandbox, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -51,13 +50,7 @@ def bin_path(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = tmp_path_factory.mktemp("inventory") / "sandbox"
-    shutil.copytree(sandbox.inventory_dir, copy)
-    groups = yaml.safe_load((copy / "group_vars" / "all.yml").read_text())
-    pinsets = yaml.safe_load((copy / "pinsets.yml").read_text())
-    (copy / "pinsets.yml").write_text(yaml.safe_dump({groups["pinset"]: pinsets[groups["pinset"]]}))
-    (copy / "host_vars").mkdir(exist_ok=True)
-    return copy
+    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)])
 
 
 def host_vars(inventory: Path, **values: Any) -> None:
