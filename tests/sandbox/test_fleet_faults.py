@@ -44,6 +44,8 @@ __all__ = ["inventory"]  # the module-scoped inventory fixture of test_fleet.py,
 SANDBOX_RIGS = 3
 RIGS = ["rig-01", "rig-02", "rig-03"]
 CANARY, TARGET, LATER = RIGS
+# the sandbox may have more rigs up (after test_fleet.py, four): the re-pins here cover these three
+SCOPE = [arg for rig in RIGS for arg in ("--limit", rig)]
 GATE_RUN = "/opt/rigfleet/gate/probe.py /opt/rigfleet/releases/"  # the probe of a release, not its upload
 GATE_SEEN_TIMEOUT_S = 900  # the canary's converge (full gate) and rig-02's up to its gate
 HALT_TIMEOUT_S = 180  # from the fault to `repin` exiting: longer is a hang (a silent rig is noticed in ~60 s)
@@ -101,7 +103,7 @@ def repin_with_fault(inventory: Path, tmp_path: Path, inject: Callable[[int], No
     out_path, err_path = tmp_path / "repin.out", tmp_path / "repin.err"
     started = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([bin_path("rigfleet"), "repin", "--wave", "1"], cwd=REPO_ROOT, stdout=out,
+        proc = subprocess.Popen([bin_path("rigfleet"), "repin", "--wave", "1", *SCOPE], cwd=REPO_ROOT, stdout=out,
                                 stderr=err, env={**os.environ, "RIGFLEET_INVENTORY": str(inventory), "COLUMNS": "200"})
     try:
         seen = None
@@ -148,7 +150,7 @@ def assert_halted_at_the_target(code: int, output: str) -> None:
 
 
 def resume(sandbox: Sandbox, inventory: Path, pinset: str, canary_attempts: list[Any]) -> None:
-    rerun = rigfleet(inventory, "repin", "--wave", "1")
+    rerun = rigfleet(inventory, "repin", "--wave", "1", *SCOPE)
     assert rerun.returncode == 0, rerun.stdout
     assert "re-pin complete" in rerun.stdout
     rows = status(inventory)
@@ -167,7 +169,7 @@ def settle(inventory: Path) -> str:
     pinsets = {rows[rig]["pinset"] for rig in RIGS}
     if len(pinsets) != 1 or None in pinsets or any(rows[rig]["drift"] or not rows[rig]["healthy"] for rig in RIGS):
         set_group(inventory, pinset="sandbox-a")
-        first = rigfleet(inventory, "repin", "--wave", "2")
+        first = rigfleet(inventory, "repin", "--wave", "2", *SCOPE)
         assert first.returncode == 0, first.stdout
         rows = status(inventory)
         assert_on(rows, RIGS, "sandbox-a")
