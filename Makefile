@@ -5,16 +5,16 @@ BIN    := $(VENV)/bin
 
 .PHONY: venv lint test demo bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml sandbox/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]' -e ./sandbox
 	touch $@
 
 venv: $(BIN)/.installed
 
 lint: venv
-	$(BIN)/ruff check rigfleet roles tests bench deploy.py inventory.py
+	$(BIN)/ruff check rigfleet sandbox tests bench deploy.py inventory.py
 	$(BIN)/mypy
 
 # Every tier: unit, plan and the sandbox end-to-end tier (the last needs root).
@@ -22,7 +22,7 @@ test: lint
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 demo: venv
-	$(BIN)/python -m rigfleet.sandbox.demo
+	$(BIN)/python -m rigfleet_sandbox.demo
 
 bench: venv
 	$(BIN)/python -m bench

@@ -9,7 +9,7 @@ from pyinfra import host
 
 from rigfleet import deadpeer
 from rigfleet.context import for_rig
-from roles import ROLES
+from rigfleet.roles import ROLES
 
 deadpeer.arm(host.connector)  # pyinfra connected before loading this file; see rigfleet.deadpeer
 context = for_rig(host.name)

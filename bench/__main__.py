@@ -34,7 +34,7 @@ from rich.table import Table
 
 from rigfleet import rollout, runner
 from rigfleet.loader import Fleet, load_fleet
-from rigfleet.paths import REPO_ROOT
+from rigfleet_sandbox.layout import repo_root
 
 LOCK = "/tmp/rigfleet-e2e.lock"
 # Operations whose time is mostly package installs (apt-get update, download, unpack) or image,
@@ -109,7 +109,7 @@ class Metric:
 
 
 def sandbox_up(rigs: int) -> Fleet:
-    from rigfleet.sandbox import manager
+    from rigfleet_sandbox import manager
 
     info = manager.up(rigs=rigs, log=lambda _msg: None)
     return load_fleet(Path(info.inventory_dir))
@@ -132,7 +132,7 @@ def with_rigs(fleet: Fleet, **update: Any) -> Fleet:
 
 
 def on_rig(fleet: Fleet, rig: str, command: str) -> str:
-    from rigfleet.sandbox.manager import ssh_command
+    from rigfleet_sandbox.manager import ssh_command
 
     address = fleet.rig(rig).ssh_hostname
     proc = subprocess.run([*ssh_command(fleet.inventory_dir, address), command], capture_output=True, text=True,
@@ -243,7 +243,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=str(REPO_ROOT / "out" / "bench.json"))
+    parser.add_argument("--json", default=str(repo_root() / "out" / "bench.json"))
     parser.add_argument("--skip", default="", help="comma list of: fresh, repin")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from functools import wraps
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,16 +139,14 @@ def plan(as_json: bool) -> None:
 
 
 def _register_optional() -> None:
-    """Commands of later layers; the sandbox group is simulated rigs for rehearsal and tests."""
+    """Commands of later layers, and those other installed distributions add through the
+    `rigfleet.commands` entry-point group (a click command each)."""
     import rigfleet.cli_fleet  # noqa: F401 - registers repin and status on `main`
     import rigfleet.cli_hostkeys  # noqa: F401 - registers hostkeys on `main`
     import rigfleet.rollback  # noqa: F401 - registers rollback on `main`
 
-    try:
-        from rigfleet.sandbox.cli import sandbox
-    except ImportError:  # pragma: no cover - the sandbox package is part of the source tree
-        return
-    main.add_command(sandbox)
+    for entry in entry_points(group="rigfleet.commands"):
+        main.add_command(entry.load(), entry.name)
 
 
 _register_optional()

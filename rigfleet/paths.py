@@ -1,4 +1,4 @@
-"""Where rigfleet's own files are: resolved from the package, never from the CWD."""
+"""Where rigfleet's own data is (inside the package) and which inventory a command works on."""
 
 from __future__ import annotations
 
@@ -6,14 +6,10 @@ import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent
 CATALOG_DIR = PACKAGE_DIR / "catalog"
-TEMPLATES_DIR = REPO_ROOT / "templates"
-INVENTORIES_DIR = REPO_ROOT / "inventory"
-DEFAULT_INVENTORY = INVENTORIES_DIR / "sandbox"
 
 
 def inventory_dir() -> Path:
-    """The inventory both `pyinfra inventory.py deploy.py` and the CLI use."""
+    """The inventory both `pyinfra inventory.py deploy.py` and the CLI use: RIGFLEET_INVENTORY."""
     chosen = os.environ.get("RIGFLEET_INVENTORY")
-    return Path(chosen).expanduser().resolve() if chosen else DEFAULT_INVENTORY
+    return Path(chosen).expanduser().resolve() if chosen else Path("inventory").resolve()

@@ -15,7 +15,6 @@ from typing import Any
 import jinja2
 
 from rigfleet import catalog, planner
-from rigfleet.paths import TEMPLATES_DIR
 from rigfleet.schema import PinSet, Rig, Variant
 
 CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
@@ -28,7 +27,7 @@ SECRET_ENV = {"hf_token": "HUGGING_FACE_HUB_TOKEN", "api_key": "VLLM_API_KEY"}
 
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.PackageLoader("rigfleet", "templates"),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

@@ -18,7 +18,6 @@ from rigfleet import ledger, runner
 from rigfleet.cli import _warn, load_checked, main, user_errors
 from rigfleet.facts.serving import ServingState
 from rigfleet.loader import Fleet
-from rigfleet.paths import REPO_ROOT
 
 FAILED = 1
 
@@ -60,9 +59,7 @@ def rollback(rig: str, level: str | None) -> None:
     fleet, warnings = load_checked()
     _warn(warnings)
     fleet.rig(rig)  # an unknown name is an input error, before anything is contacted
-    if str(REPO_ROOT) not in sys.path:  # roles/ sits next to the package, not inside it
-        sys.path.insert(0, str(REPO_ROOT))
-    from roles.serving import serving_rollback
+    from rigfleet.roles.serving import serving_rollback
 
     before, _ = runner.read_facts(fleet, [rig], ServingState)
     book_before = ledger.load((before.get(rig) or {}).get("ledger"), rig)

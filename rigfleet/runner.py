@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,6 @@ from pyinfra.context import ctx_config, ctx_host, ctx_state
 from rigfleet import catalog, deadpeer, hostkeys
 from rigfleet.context import RigContext, pyinfra_host_data
 from rigfleet.loader import Fleet
-from rigfleet.paths import REPO_ROOT
 
 
 @dataclass
@@ -174,11 +172,7 @@ def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
 
 
 def _roles() -> list[Role]:
-    # roles/ sits beside the package (like templates/): `pyinfra deploy.py` finds it through the
-    # CWD, the installed `rigfleet` command must find it from the package, wherever it runs
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
-    from roles import ROLES
+    from rigfleet.roles import ROLES
 
     return list(ROLES)
 

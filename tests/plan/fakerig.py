@@ -246,7 +246,7 @@ def with_pins(context: RigContext, **pins: Any) -> RigContext:
 
 def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] | None = None) -> Plan:
     """Run the roles against `rig` on a fake host and record what they would do."""
-    from roles import HOST_LAYER
+    from rigfleet.roles import HOST_LAYER
 
     events: list[tuple[str, str]] = []
     uploads: dict[str, str] = {}

@@ -37,9 +37,9 @@ from rigfleet.context import RigContext
 from rigfleet.loader import Fleet
 from rigfleet.operations import image as image_ops
 from rigfleet.operations import weights as weights_ops
+from rigfleet.roles.model_weights import model_weights
+from rigfleet.roles.vllm_image import vllm_image
 from rigfleet.schema import PinSet, Rig
-from roles.model_weights import model_weights
-from roles.vllm_image import vllm_image
 
 SHA_GENESIS = "7b9fd3194ee6efa1644973383cd44ee5604a5d85"
 DIGEST = "sha256:" + "d" * 64
@@ -218,7 +218,7 @@ def test_changed_overlay_checksum_fails_the_rig_before_anything_is_built() -> No
 
 
 def test_roles_build_before_serving_stops_anything() -> None:
-    from roles import ROLES
+    from rigfleet.roles import ROLES
 
     names = [getattr(r, "__name__", "") for r in ROLES]
     if "serving" in names:

@@ -19,7 +19,7 @@ from rigfleet.context import RigContext
 from rigfleet.facts.serving import RELEASES_DIR, ServingState
 from rigfleet.loader import load_fleet
 from rigfleet.operations import serving as ops
-from roles.serving import base_url, release_spec
+from rigfleet.roles.serving import base_url, release_spec
 
 LEDGER = ledger.LEDGER_PATH
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.sandbox import manager, procs
+from rigfleet_sandbox import manager, procs
 
 DEFAULT_DISTRO = os.environ.get("RIGFLEET_SANDBOX_DISTRO", "trixie")
 

@@ -7,7 +7,7 @@ sandbox apart from the image and serving layers:
 from pyinfra import host
 
 from rigfleet.context import for_rig
-from roles import HOST_LAYER
+from rigfleet.roles import HOST_LAYER
 
 context = for_rig(host.name)
 for role in HOST_LAYER:

@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.paths import REPO_ROOT
-from rigfleet.sandbox.aptrepo import DRIVER_VERSIONS
-from rigfleet.sandbox.layout import RigSpec
-from rigfleet.sandbox.supervisor import read_boots
+from rigfleet_sandbox.aptrepo import DRIVER_VERSIONS
+from rigfleet_sandbox.layout import RigSpec
+from rigfleet_sandbox.supervisor import read_boots
+from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
 

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.paths import REPO_ROOT
-from rigfleet.sandbox import manager, procs
-from rigfleet.sandbox.layout import LOG_DIR, REGISTRY_DIR, REGISTRY_PORT, SERVICE_ADDR
+from rigfleet_sandbox import manager, procs
+from rigfleet_sandbox.layout import LOG_DIR, REGISTRY_DIR, REGISTRY_PORT, SERVICE_ADDR
+from tests import REPO_ROOT
 
 from .conftest import Sandbox, module_inventory
 
@@ -230,6 +230,6 @@ def test_registry_outage_falls_back_to_a_local_build(sandbox: Sandbox, inventory
     finally:
         # back as `sandbox up` started it, for the modules that follow
         log = open(LOG_DIR / "registry.log", "ab")  # noqa: SIM115 - the detached child keeps it
-        subprocess.Popen([sys.executable, "-m", "rigfleet.sandbox.registry", "--addr", SERVICE_ADDR, "--port",
+        subprocess.Popen([sys.executable, "-m", "rigfleet_sandbox.registry", "--addr", SERVICE_ADDR, "--port",
                           str(REGISTRY_PORT), "--storage", str(REGISTRY_DIR / "data")],
                          stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -31,10 +31,10 @@ from typing import Any
 import pytest
 
 from rigfleet.liveness import LOST
-from rigfleet.paths import REPO_ROOT
-from rigfleet.sandbox import manager
-from rigfleet.sandbox.layout import RigSpec
-from rigfleet.sandbox.supervisor import read_boots, read_state
+from rigfleet_sandbox import manager
+from rigfleet_sandbox.layout import RigSpec
+from rigfleet_sandbox.supervisor import read_boots, read_state
+from tests import REPO_ROOT
 
 from .conftest import Sandbox
 from .test_fleet import LEDGER, assert_on, bin_path, inventory, ledger, rigfleet, set_group, status

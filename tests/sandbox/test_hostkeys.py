@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.paths import REPO_ROOT
+from tests import REPO_ROOT
 
 from .conftest import Sandbox
 

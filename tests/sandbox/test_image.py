@@ -1,7 +1,7 @@
 """Sandbox tier for the image and weights roles, on a SIMULATED rig over real SSH.
 
 The base image, Genesis repo, overlays and weights are the sandbox's stand-ins (served from the
-host at 10.231.0.1:8080, see rigfleet/sandbox/engine.py); the build itself is a real `docker
+host at 10.231.0.1:8080, see sandbox/rigfleet_sandbox/engine.py); the build itself is a real `docker
 build` in the rig. Tests run in file order and share one rig.
 """
 
@@ -17,10 +17,10 @@ from rigfleet import catalog, render, runner
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet.operations import image as image_ops
 from rigfleet.operations import weights as weights_ops
+from rigfleet.roles import HOST_LAYER
+from rigfleet.roles.model_weights import model_weights
+from rigfleet.roles.vllm_image import vllm_image
 from rigfleet.schema import PinSet
-from roles import HOST_LAYER
-from roles.model_weights import model_weights
-from roles.vllm_image import vllm_image
 
 from .conftest import Sandbox
 
@@ -38,7 +38,7 @@ def fleet(sandbox: Sandbox) -> Fleet:
     (sandbox.host_vars_dir / f"{RIG}.yml").write_text("min_free_disk_gib: 5\nsmoke_image: local\n")
     loaded = load_fleet(sandbox.inventory_dir)
     if not loaded.rig(RIG).pinset.startswith("sandbox-") or not loaded.pinsets:
-        pytest.skip("the sandbox inventory has no engine pin sets (rigfleet.sandbox.engine did not run)")
+        pytest.skip("the sandbox inventory has no engine pin sets (rigfleet_sandbox.engine did not run)")
     return loaded
 
 
@@ -171,7 +171,7 @@ def test_wrong_overlay_checksum_is_refused_before_anything_is_stopped(sandbox: S
     good_builds = builds(sandbox, render.image_tag(pins))
     roles = [vllm_image]
     try:
-        from roles.serving import serving
+        from rigfleet.roles.serving import serving
 
         roles.append(serving)  # the deploy order: a refused image must keep serving from running
     except ImportError:
@@ -227,7 +227,7 @@ def test_chat_template_rule(sandbox: Sandbox, fleet: Fleet, deployed: dict[str, 
 def test_refused_pin_leaves_the_running_release_alone(sandbox: Sandbox, fleet: Fleet,
                                                       deployed: dict[str, str]) -> None:
     """With a release serving, a re-pin whose overlay hash is wrong changes nothing on the rig."""
-    from roles.serving import serving
+    from rigfleet.roles.serving import serving
 
     variant = catalog.variants()[fleet.rig(RIG).variant]
     good = runner.converge(fleet, [RIG], roles=[model_weights, vllm_image, serving])[RIG]

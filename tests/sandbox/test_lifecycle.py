@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.sandbox import manager, procs, services
-from rigfleet.sandbox.layout import RIGS_DIR, STATE_DIR, RigSpec
-from rigfleet.sandbox.supervisor import read_boots
+from rigfleet_sandbox import manager, procs, services
+from rigfleet_sandbox.layout import RIGS_DIR, STATE_DIR, RigSpec
+from rigfleet_sandbox.supervisor import read_boots
 
 from .conftest import Sandbox, SandboxSession
 
@@ -163,7 +163,7 @@ def test_down_leaves_nothing_behind(sandbox: Sandbox, sandbox_session: SandboxSe
     assert str(STATE_DIR) not in mounts and "/run/netns/rf-" not in mounts
     ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     live = [line for line in ps.splitlines() if not line.strip().startswith("Z")]
-    assert not [line for line in live if str(RIGS_DIR) in line or "rigfleet.sandbox." in line]
+    assert not [line for line in live if str(RIGS_DIR) in line or "rigfleet_sandbox." in line]
     assert procs.sandbox_processes() == []
     assert not STATE_DIR.exists()
     assert not list(Path("/run/systemd/nspawn/propagate").glob("rig-*"))

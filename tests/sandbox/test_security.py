@@ -31,7 +31,7 @@ import yaml
 
 from rigfleet import render
 from rigfleet.loader import load_fleet
-from rigfleet.paths import REPO_ROOT
+from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
 

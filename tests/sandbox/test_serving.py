@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rigfleet.paths import REPO_ROOT
+from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
 

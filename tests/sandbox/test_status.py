@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigfleet.sandbox import manager
+from rigfleet_sandbox import manager
 
 from .conftest import Sandbox
 

@@ -116,7 +116,7 @@ def test_pyinfra_log_gives_the_summary_its_reason() -> None:
 
 
 def test_insecure_fleet_registry_in_daemon_json(fleet: Fleet) -> None:
-    from roles.docker_engine import daemon_settings
+    from rigfleet.roles.docker_engine import daemon_settings
 
     rig = fleet.rigs[0]
     assert "insecure-registries" not in daemon_settings(rig)

@@ -18,9 +18,9 @@ from rigfleet import catalog, loader
 from rigfleet.context import pyinfra_host_data
 from rigfleet.errors import InputError
 from rigfleet.operations.apt import keyring_script
-from rigfleet.paths import REPO_ROOT
 from rigfleet.render import Release
 from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
+from tests import REPO_ROOT
 from tests.conftest import write_yaml
 
 SECRET = "hf_SeCrEtVaLuE" + "x9" * 8

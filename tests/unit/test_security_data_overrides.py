@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rigfleet.paths import REPO_ROOT
+from tests import REPO_ROOT
 from tests.conftest import EXAMPLE
 
 RIGS = ["rig-01", "rig-02", "rig-11", "rig-12"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rigfleet.sandbox import engine
+from rigfleet_sandbox import engine
 
 PIN_A = "0.20.2rc1.dev9+g01d4d1ad3"
 PIN_UNLISTED = "0.20.2rc2.dev672+g1acd67a79"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet.sandbox import aptrepo
+from rigfleet_sandbox import aptrepo
 
 OLD, NEW = aptrepo.DRIVER_VERSIONS
 IS_ROOT = os.geteuid() == 0

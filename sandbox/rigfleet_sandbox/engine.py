@@ -204,7 +204,7 @@ def standin_vllm_files(version: str, *, genesis: bool = False, overlays: bool = 
     for path in _asset_files(src):
         files["vllm/" + path.relative_to(src).as_posix()] = path.read_bytes()
     files["vllm/version.py"] = (
-        '"""vLLM version of this SIMULATED stand-in (written by rigfleet.sandbox.engine)."""\n\n'
+        '"""vLLM version of this SIMULATED stand-in (written by rigfleet_sandbox.engine)."""\n\n'
         f"__version__ = {version!r}\n"
         f"__version_tuple__: tuple[int | str, ...] = {version_tuple(version)!r}\n"
     ).encode()
@@ -889,7 +889,7 @@ def _main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# Kept importable without side effects; `python -m rigfleet.sandbox.engine WWW ROOT.tar` builds.
+# Kept importable without side effects; `python -m rigfleet_sandbox.engine WWW ROOT.tar` builds.
 if __name__ == "__main__":
     sys.exit(_main())
 

@@ -22,8 +22,8 @@ from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
 from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
+from rigfleet.roles.preflight import Target, target
 from rigfleet.schema import AptRepo, Rig
-from roles.preflight import Target, target
 
 DOCKER_KEYRING = "/etc/apt/keyrings/rigfleet-docker.gpg"
 DEBIAN_ARCHIVE_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"

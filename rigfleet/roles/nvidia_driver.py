@@ -20,8 +20,8 @@ from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
 from rigfleet.operations import server as server_ops
 from rigfleet.operations.ordering import role_scope
+from rigfleet.roles.preflight import Target, headers_metapackage, target, uses_dkms
 from rigfleet.schema import AptRepo, DriverPin, Rig
-from roles.preflight import Target, headers_metapackage, target, uses_dkms
 
 CUDA_KEYRING = "/etc/apt/keyrings/rigfleet-cuda.gpg"
 NOUVEAU_CONF = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"

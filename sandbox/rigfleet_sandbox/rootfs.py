@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rigfleet.sandbox.layout import CACHE_DIR, DISTROS, OPERATOR, RigSpec
-from rigfleet.sandbox.shell import Log, SandboxError, run
+from rigfleet_sandbox.layout import CACHE_DIR, DISTROS, OPERATOR, RigSpec
+from rigfleet_sandbox.shell import Log, SandboxError, run
 
 # Bump when the customisation below changes so stale caches are rebuilt, not reused.
 ROOTFS_VERSION = 1

@@ -1,6 +1,6 @@
 """Supervisor of one SIMULATED rig: runs its systemd-nspawn container and reboots it.
 
-`python -m rigfleet.sandbox.supervisor rig-01` is started detached by `rigfleet sandbox up`.
+`python -m rigfleet_sandbox.supervisor rig-01` is started detached by `rigfleet sandbox up`.
 On hardware a reboot keeps the machine; here a reboot is nspawn exiting with status 133, so
 this loop starts the container again (with a fresh random boot id). Poweroff (exit 0) or a
 failure ends the loop: the rig stays down, as a powered-off box would.
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from rigfleet.sandbox.layout import RigSpec
+from rigfleet_sandbox.layout import RigSpec
 
 EXIT_REBOOT = 133
 # More reboots than this within REBOOT_WINDOW_S is a boot loop; stop instead of spinning.
@@ -142,7 +142,7 @@ class Supervisor:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m rigfleet.sandbox.supervisor RIG", file=sys.stderr)
+        print("usage: python -m rigfleet_sandbox.supervisor RIG", file=sys.stderr)
         return 2
     return Supervisor(RigSpec.from_name(args[0])).run()
 

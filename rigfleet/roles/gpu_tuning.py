@@ -13,8 +13,8 @@ from rigfleet.context import RigContext
 from rigfleet.facts.nvidia import NvidiaSmi
 from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
+from rigfleet.roles.preflight import target
 from rigfleet.schema import Rig
-from roles.preflight import target
 
 UDEV_RULE = "/etc/udev/rules.d/71-nvidia-dev-char.rules"
 UNIT = "rigfleet-gpu-tuning.service"

@@ -14,8 +14,8 @@ from rigfleet.facts.docker import DockerRuntimes
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
 from rigfleet.operations.ordering import role_scope
+from rigfleet.roles.preflight import target
 from rigfleet.schema import AptRepo, Rig
-from roles.preflight import target
 
 TOOLKIT_KEYRING = "/etc/apt/keyrings/rigfleet-nvidia-container-toolkit.gpg"
 TOOLKIT_SOURCES = "/etc/apt/sources.list.d/nvidia-container-toolkit"

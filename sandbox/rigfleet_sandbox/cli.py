@@ -13,10 +13,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet.sandbox import manager
-from rigfleet.sandbox.invfiles import read_hosts
-from rigfleet.sandbox.layout import DISTROS, MAX_RIGS, OPERATOR, inventory_dir
-from rigfleet.sandbox.shell import SandboxError
+from rigfleet_sandbox import manager
+from rigfleet_sandbox.invfiles import read_hosts
+from rigfleet_sandbox.layout import DISTROS, MAX_RIGS, OPERATOR, inventory_dir
+from rigfleet_sandbox.shell import SandboxError
 
 
 def _console() -> Console:

@@ -6,7 +6,7 @@
 - :8080 a static file server for the sandbox www dir (simulated NVIDIA apt repo, simulated
   Genesis git repo over dumb HTTP, overlays, weights, base image), filled by other modules.
 
-`python -m rigfleet.sandbox.services --addr A --www DIR --cache DIR` runs both until SIGTERM.
+`python -m rigfleet_sandbox.services --addr A --www DIR --cache DIR` runs both until SIGTERM.
 Stdlib only: threads per connection are plenty for a handful of rigs.
 """
 
@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("rigfleet.sandbox.services")
+log = logging.getLogger("rigfleet_sandbox.services")
 
 APT_HOSTS = frozenset({"deb.debian.org", "security.debian.org"})
 CONNECT_ALLOW = frozenset({("pypi.org", 443), ("files.pythonhosted.org", 443)})
@@ -252,7 +252,7 @@ def serve(addr: str, www: Path, cache: Path, proxy_port: int = 3142, www_port: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rigfleet.sandbox.services")
+    parser = argparse.ArgumentParser(prog="python -m rigfleet_sandbox.services")
     parser.add_argument("--addr", required=True)
     parser.add_argument("--www", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True)

@@ -89,7 +89,7 @@ def rig_specs(count: int) -> list[RigSpec]:
 
 
 def repo_root() -> Path:
-    # rigfleet/sandbox/layout.py -> repo root; independent of the caller's CWD.
+    # sandbox/rigfleet_sandbox/layout.py -> repo root; independent of the caller's CWD.
     return Path(__file__).resolve().parents[2]
 
 

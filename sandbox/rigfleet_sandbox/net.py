@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from rigfleet.sandbox.layout import (
+from rigfleet_sandbox.layout import (
     HOST_VETH_PREFIX,
     NETNS_PREFIX,
     SERVICE_ADDR,
@@ -20,7 +20,7 @@ from rigfleet.sandbox.layout import (
     SERVICE_LABEL,
     RigSpec,
 )
-from rigfleet.sandbox.shell import Log, run
+from rigfleet_sandbox.shell import Log, run
 
 NETNS_DIR = Path("/run/netns")
 _OURS_NETNS = re.compile(rf"^{re.escape(NETNS_PREFIX)}rig-\d+$")

@@ -97,7 +97,7 @@ def _doc(pkg: str, what: str) -> tuple[str, tuple[bytes, int]]:
         f"{pkg}: SIMULATED stand-in package built by the rigfleet sandbox.\n\n{what}\n\n"
         "It contains no NVIDIA software and drives no GPU. It exists so that rigfleet's real deploy\n"
         "roles can install, hold, upgrade and purge packages under NVIDIA's names inside simulated\n"
-        "rigs. See rigfleet/sandbox/assets/nvidia/README.md in the rigfleet source.\n"
+        "rigs. See sandbox/rigfleet_sandbox/assets/nvidia/README.md in the rigfleet source.\n"
     )
     return f"/usr/share/doc/{pkg}/README.simulated", (text.encode(), 0o644)
 

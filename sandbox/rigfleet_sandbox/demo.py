@@ -17,7 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rigfleet.paths import REPO_ROOT, inventory_dir
+from rigfleet.paths import inventory_dir
+from rigfleet_sandbox.layout import repo_root
 
 
 def say(text: str) -> None:
@@ -28,7 +29,7 @@ def run_deploy(env: dict[str, str]) -> tuple[int, str]:
     started = time.monotonic()
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "pyinfra"), "-y", "inventory.py", "deploy.py"],
-        cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=repo_root(), env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     print(proc.stdout[-4000:])
     print(f"(deploy took {time.monotonic() - started:.0f} s, exit {proc.returncode})")
@@ -65,7 +66,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("make demo boots simulated rigs with systemd-nspawn: run it as root", file=sys.stderr)
         return 2
-    from rigfleet.sandbox import manager
+    from rigfleet_sandbox import manager
 
     say("booting one SIMULATED dual-3090 rig (rigfleet sandbox up --rigs 1)")
     # One sandbox per machine: wait for a test run or benchmark that is using it.
@@ -75,7 +76,7 @@ def main() -> int:
     env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory_dir())}
 
     say("rigfleet plan")
-    subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "plan"], cwd=REPO_ROOT, env=env, check=False)
+    subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "plan"], cwd=repo_root(), env=env, check=False)
 
     say("pyinfra inventory.py deploy.py (first run: converge)")
     code, _ = run_deploy(env)

@@ -38,7 +38,7 @@ HOST_TOOLS = {
     "ssh-keygen": "openssh-client",
     "nsenter": "util-linux",
     "gzip": "gzip",
-    "docker-registry": "docker-registry",  # the fleet registry (rigfleet.sandbox.registry)
+    "docker-registry": "docker-registry",  # the fleet registry (rigfleet_sandbox.registry)
 }
 
 

@@ -1,8 +1,8 @@
 """The sandbox's fleet registry: Debian's `docker-registry` (the Docker distribution registry)
 on 10.231.0.1:5000, plain HTTP, storage under the sandbox state dir.
 
-`python -m rigfleet.sandbox.registry --addr A --port P --storage DIR` runs it until SIGTERM.
-The wrapper exists so that the sandbox's process finder (`-m rigfleet.sandbox.*`) sees it and
+`python -m rigfleet_sandbox.registry --addr A --port P --storage DIR` runs it until SIGTERM.
+The wrapper exists so that the sandbox's process finder (`-m rigfleet_sandbox.*`) sees it and
 `down`/`up` end it like the other host services; the registry dies with the wrapper.
 """
 
@@ -36,7 +36,7 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rigfleet.sandbox.registry")
+    parser = argparse.ArgumentParser(prog="python -m rigfleet_sandbox.registry")
     parser.add_argument("--addr", required=True)
     parser.add_argument("--port", type=int, default=5000)
     parser.add_argument("--storage", type=Path, required=True)

@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigfleet.sandbox.layout import RIGS_DIR
+from rigfleet_sandbox.layout import RIGS_DIR
 
-SANDBOX_MODULES = ("rigfleet.sandbox.supervisor", "rigfleet.sandbox.services", "rigfleet.sandbox.registry")
+SANDBOX_MODULES = ("rigfleet_sandbox.supervisor", "rigfleet_sandbox.services", "rigfleet_sandbox.registry")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
 from rigfleet.operations.ordering import role_scope
-from roles.preflight import target
+from rigfleet.roles.preflight import target
 
 APT_CONF = "/etc/apt/apt.conf.d"
 TOOLS = ["ca-certificates", "curl", "gpg"]

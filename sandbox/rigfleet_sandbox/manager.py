@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigfleet.sandbox import invfiles, net, procs, rootfs
-from rigfleet.sandbox.layout import (
+from rigfleet_sandbox import invfiles, net, procs, rootfs
+from rigfleet_sandbox.layout import (
     APT_CACHE_DIR,
     APT_PROXY_PORT,
     CACHE_DIR,
@@ -44,8 +44,8 @@ from rigfleet.sandbox.layout import (
     inventory_dir,
     rig_specs,
 )
-from rigfleet.sandbox.shell import Log, SandboxError, ensure_host_tools, run
-from rigfleet.sandbox.supervisor import read_state
+from rigfleet_sandbox.shell import Log, SandboxError, ensure_host_tools, run
+from rigfleet_sandbox.supervisor import read_state
 
 BOOT_TIMEOUT_S = 120.0
 POWEROFF_TIMEOUT_S = 30.0
@@ -254,8 +254,8 @@ def _run_hooks(tarball: Path, log: Log) -> dict[str, Any]:
     """Let the simulated-repo modules fill www; each returns inventory values."""
     results: dict[str, Any] = {}
     hooks = (
-        ("rigfleet.sandbox.aptrepo", "build_apt_repo", (WWW_DIR,)),
-        ("rigfleet.sandbox.engine", "build_engine_artifacts", (WWW_DIR, tarball)),
+        ("rigfleet_sandbox.aptrepo", "build_apt_repo", (WWW_DIR,)),
+        ("rigfleet_sandbox.engine", "build_engine_artifacts", (WWW_DIR, tarball)),
     )
     for module, func, args in hooks:
         try:
@@ -294,7 +294,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             net.setup_rig(spec)
         log(net.rp_filter_report(specs))
         _spawn(
-            "rigfleet.sandbox.services",
+            "rigfleet_sandbox.services",
             [
                 "--addr",
                 SERVICE_ADDR,
@@ -310,7 +310,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             LOG_DIR / "services.log",
         )
         _spawn(
-            "rigfleet.sandbox.registry",
+            "rigfleet_sandbox.registry",
             ["--addr", SERVICE_ADDR, "--port", str(REGISTRY_PORT), "--storage", str(REGISTRY_DIR / "data")],
             LOG_DIR / "registry.log",
         )
@@ -334,7 +334,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         )
         _save(info)
         for spec in specs:
-            _spawn("rigfleet.sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
+            _spawn("rigfleet_sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
         for port in (APT_PROXY_PORT, WWW_PORT, REGISTRY_PORT):
             if _wait_port(SERVICE_ADDR, port, 15.0) is None:
                 raise SandboxError(f"sandbox services did not listen on {SERVICE_ADDR}:{port}; see {LOG_DIR}")
@@ -464,7 +464,7 @@ def power_on(name: str, log: Log = _echo) -> float:
     run([*ns, "link", "set", "eth0", "up"])
     # a link taken down loses its routes; the connected one comes back with the link, this one not
     run([*ns, "route", "replace", "default", "via", spec.host_addr])
-    _spawn("rigfleet.sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
+    _spawn("rigfleet_sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
     seconds = _wait_boot(spec)
     log(f"{name} (simulated rig) powered on: sshd answered {seconds:.1f}s after systemd-nspawn started")
     return seconds
