@@ -11,15 +11,18 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import jinja2
 
 from rigfleet import catalog, planner
+from rigfleet.escape import FILTERS
 from rigfleet.schema import PinSet, Rig, Variant
 
 CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
 CONTAINER_PORT = 8000
 ENV_FILE = "rigfleet.env"
+BUILD_SCRIPT = "/tmp/rigfleet/rigfleet-build.sh"  # where the Dockerfile COPYs rigfleet-build.sh
 IMAGE_REPOSITORY = "rigfleet/vllm"
 # Secrets travel only in the 0600 env file, under the names vLLM and the hub client read.
 SECRET_ENV = {"hf_token": "HUGGING_FACE_HUB_TOKEN", "api_key": "VLLM_API_KEY"}
@@ -34,8 +37,9 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,  # noqa: S701 - YAML, shell and unit files, never HTML
     )
-    env.filters["tojson_compact"] = lambda value: json.dumps(value, separators=(",", ":"), sort_keys=True)
-    env.filters["yaml_str"] = lambda value: json.dumps(str(value))  # a JSON string is a valid YAML scalar
+    # Only the escaping helpers: jinja's own filters (tojson, string, join) stay available inside
+    # expressions, but tests/unit/test_escape.py requires each output to end in one of these.
+    env.filters.update(FILTERS)
     return env
 
 
@@ -56,6 +60,8 @@ def image_context(pinset: PinSet) -> dict[str, Any]:
         # vllm_image role checks the loaded image ID against the digest right before the build.
         "from_ref": base.ref if base.archive else pinned,
         "python_deps": sorted(pinset.python_deps.items()),
+        "build_argv": ["/bin/sh", BUILD_SCRIPT, pinset.vllm_version,
+                       *(f"{name}=={version}" for name, version in sorted(pinset.python_deps.items()))],
         "overlay_summary": ",".join(
             f"{o.name}:{f.target}@{f.sha256 or 'unverified'}" for o in pinset.overlays for f in o.files
         ),
@@ -67,6 +73,7 @@ def image_files(pinset: PinSet) -> dict[str, str]:
     return {
         "Dockerfile": render("image/Dockerfile.j2", **ctx),
         "entrypoint.sh": render("image/entrypoint.sh.j2", **ctx),
+        "rigfleet-build.sh": render("image/rigfleet-build.sh.j2", **ctx),
     }
 
 
@@ -184,11 +191,32 @@ class Release:
             env=self.environment(),
             env_file=ENV_FILE,
             model_root=CONTAINER_MODEL_ROOT,
-            cache_dir=f"{rig.cache_dir}/compile/{self.cache_key()}",
-            chat_template_host=f"{rig.model_dir}/chat-templates/{v.chat_template}.jinja" if v.chat_template else None,
-            chat_template_container=chat_template_path(v) if v.chat_template else None,
+            port_mapping=self.port_mapping(),
+            volumes=self.volumes(),
+            healthcheck=["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen("
+                         f"'http://127.0.0.1:{CONTAINER_PORT}/health', timeout=5)"],
             flagset_hash=self.flagset_hash(),
         )
+
+    def port_mapping(self) -> str:
+        """Compose's short port syntax HOST_IP:PORT:CONTAINER_PORT (an IPv6 address in brackets)."""
+        address = self.rig.bind_address
+        host_ip = f"[{address}]" if ":" in address else address
+        return f"{host_ip}:{self.port}:{CONTAINER_PORT}"
+
+    def volumes(self) -> list[tuple[str, str, bool]]:
+        """Bind mounts as (source, target, read_only), written in Compose's long syntax: a `:` in a
+        path can never re-shape the mount."""
+        v, rig = self.variant, self.rig
+        cache_dir = f"{rig.cache_dir}/compile/{self.cache_key()}"
+        mounts = [
+            (rig.model_dir, CONTAINER_MODEL_ROOT, True),
+            (f"{cache_dir}/torch_compile", "/root/.cache/vllm/torch_compile_cache", False),
+            (f"{cache_dir}/triton", "/root/.triton/cache", False),
+        ]
+        if v.chat_template:
+            mounts.append((f"{rig.model_dir}/chat-templates/{v.chat_template}.jinja", chat_template_path(v), True))
+        return mounts
 
     def env_file(self, secrets: dict[str, str] | None) -> str:
         """The 0600 env file: secret values at deploy time, only their references otherwise."""
@@ -223,9 +251,22 @@ def host_files(rig: Rig) -> dict[str, str]:
         "systemd/rigfleet-gpu-tuning.service": render("systemd/rigfleet-gpu-tuning.service.j2", rig=rig, gpu=gpu,
                                                       power_limit_w=clamped_power_limit(rig)),
         "udev/71-nvidia-dev-char.rules": render("udev/71-nvidia-dev-char.rules.j2"),
-        "apt/99rigfleet-lock-timeout": render("apt/99rigfleet-lock-timeout.j2", rig=rig),
+        "apt/99rigfleet-lock-timeout": render("apt/99rigfleet-lock-timeout.j2", rig=rig,
+                                              direct_hosts=direct_mirror_hosts(rig)),
         "apt/51rigfleet-unattended-blacklist": render("apt/51rigfleet-unattended-blacklist.j2"),
     }
+
+
+def direct_mirror_hosts(rig: Rig) -> list[str]:
+    """Hosts of the rig's plain-HTTP repository mirrors: apt reaches them directly, not by proxy."""
+    hosts: list[str] = []
+    for repo in (rig.cuda_repo, rig.toolkit_repo, rig.docker_repo):
+        if repo is None:
+            continue
+        parts = urlsplit(repo.url)
+        if parts.scheme == "http" and parts.hostname and parts.hostname not in hosts:
+            hosts.append(parts.hostname)
+    return hosts
 
 
 def clamped_power_limit(rig: Rig) -> int | None:

@@ -166,7 +166,7 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
         yield script(
             f"image {tag}: Genesis {sha[:12]} (git)", build_log(tag), *common,
             f"note {q(f'genesis: clone {src}')}",
-            f'git clone --quiet --no-checkout {q(src)} "$G.tmp" >>"$LOG" 2>&1 '
+            f'git clone --quiet --no-checkout -- {q(src)} "$G.tmp" >>"$LOG" 2>&1 '
             f'|| fail {q(f"Genesis: cannot clone {src}")}',
             f'git -C "$G.tmp" -c advice.detachedHead=false checkout --quiet --detach {sha} >>"$LOG" 2>&1 '
             f'|| fail {q(f"Genesis: commit {sha} is not in {src}")}',

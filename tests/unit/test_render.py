@@ -41,7 +41,7 @@ def test_golden_render(golden_inventory: Path, variant: str) -> None:
     files = release.files(secrets=None, release_id=release.release_id())
     for name in ("compose.yaml", "rigfleet.env"):
         assert_golden(GOLDEN / variant / name, files[name])
-    for name in ("Dockerfile", "entrypoint.sh"):
+    for name in ("Dockerfile", "entrypoint.sh", "rigfleet-build.sh"):
         assert_golden(GOLDEN / f"image-{release.pinset.name}" / name, files[name])
 
 
