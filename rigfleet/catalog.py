@@ -59,3 +59,8 @@ def compat() -> dict[str, Any]:
 @cache
 def repos() -> dict[str, Any]:
     return dict(_load("repos.yaml"))
+
+
+@cache
+def patch_tree_kinds() -> dict[str, Any]:
+    return dict(_load("patch_trees.yaml")["kinds"])

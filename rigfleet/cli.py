@@ -143,6 +143,7 @@ def _register_optional() -> None:
     `rigfleet.commands` entry-point group (a click command each)."""
     import rigfleet.cli_fleet  # noqa: F401 - registers repin and status on `main`
     import rigfleet.cli_hostkeys  # noqa: F401 - registers hostkeys on `main`
+    import rigfleet.cli_pins  # noqa: F401 - registers pins on `main`
     import rigfleet.rollback  # noqa: F401 - registers rollback on `main`
 
     for entry in entry_points(group="rigfleet.commands"):

@@ -14,6 +14,7 @@ from rigfleet.errors import FLEET, InputError, Problem, one_of
 from rigfleet.loader import Fleet
 from rigfleet.render import Release
 from rigfleet.schema import PinSet, Rig, Variant
+from rigfleet.upstream import fleet as upstream_fleet
 
 # rigfleet itself uses these ports on a rig; the serving port must not take one of them.
 RESERVED_RIG_PORTS = {5000: "the fleet registry"}
@@ -34,6 +35,11 @@ def check(fleet: Fleet) -> list[Problem]:
             problems.append(problem)
     for rig in fleet.rigs:
         problems += list(_rig(rig, fleet))
+    for problem in upstream_fleet.problems(fleet):
+        name = problem.rig.removeprefix("pinset ")
+        if problem.rig.startswith("pinset ") and name not in used and not problem.warning:
+            problem = replace(problem, warning=True, message=f"(unused pin set) {problem.message}")
+        problems.append(problem)
     return problems
 
 

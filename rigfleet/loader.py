@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rigfleet.errors import FLEET, InputError, Problem, closest
-from rigfleet.schema import PinSet, Rig
+from rigfleet.schema import MirrorMap, PinSet, Rig
 
 # pyinfra global arguments (e.g. _sudo) pass through to pyinfra untouched.
 PYINFRA_PREFIX = "_"
@@ -58,6 +58,8 @@ class Fleet:
     sources: dict[str, dict[str, str]] = field(default_factory=dict)
     # per-rig pyinfra data that is not part of the rig model (keys starting with "_")
     pyinfra_data: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # mirrors.yml: where pin-set sources are found on an air-gapped fleet
+    mirrors: MirrorMap = MirrorMap()
 
     def rig(self, name: str) -> Rig:
         for rig in self.rigs:
@@ -203,9 +205,33 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
             rigs.append(rig)
         all_sources[host] = sources
         all_pyinfra[host] = pyinfra
+    mirrors, mirror_problems = _load_mirrors(inventory_dir)
+    problems += mirror_problems
     if problems:
         raise InputError(problems)
-    return Fleet(inventory_dir, tuple(rigs), pinsets, all_sources, all_pyinfra)
+    return Fleet(inventory_dir, tuple(rigs), pinsets, all_sources, all_pyinfra, mirrors)
+
+
+def _load_mirrors(inventory_dir: Path) -> tuple[MirrorMap, list[Problem]]:
+    """mirrors.yml (optional): `prefixes: {SOURCE_PREFIX: MIRROR}` and `wheels: DIR_OR_INDEX`.
+    A relative mirror path is taken from the inventory directory."""
+    path = inventory_dir / "mirrors.yml"
+    if not path.is_file():
+        return MirrorMap(), []
+    body = _mapping(read_yaml(path), path, "mirrors", "the mirror map")
+    try:
+        mirrors = MirrorMap(**body)
+    except ValidationError as exc:
+        sources = dict.fromkeys(body, str(path))
+        return MirrorMap(), [_problem("mirrors", e, body, sources, MirrorMap) for e in exc.errors()]
+
+    def local(target: str) -> str:
+        if "://" in target or target.startswith("/"):
+            return target
+        return str((inventory_dir / target).resolve())
+
+    return MirrorMap(prefixes={k: local(v) for k, v in mirrors.prefixes.items()},
+                     wheels=local(mirrors.wheels) if mirrors.wheels else None), []
 
 
 def _refuse_stray_vars(inventory_dir: Path, groups: set[str], hosts: set[str]) -> None:

@@ -77,13 +77,22 @@ def image_files(pinset: PinSet) -> dict[str, str]:
     }
 
 
+def _tree_inputs(pinset: PinSet) -> dict[str, Any] | None:
+    if pinset.genesis is None:
+        return None
+    tree = pinset.genesis.model_dump()
+    if tree["kind"] == "genesis-v7":
+        del tree["kind"]  # the default layout: images built before kinds existed keep their tag
+    return tree
+
+
 def image_tag(pinset: PinSet) -> str:
     """A content hash of every input of the image build: same inputs, same tag, on every rig."""
     inputs = {
         "files": image_files(pinset),
         "base_image": pinset.base_image.model_dump(),
         "vllm_version": pinset.vllm_version,
-        "genesis": pinset.genesis.model_dump() if pinset.genesis else None,
+        "genesis": _tree_inputs(pinset),
         "overlays": [o.model_dump() for o in pinset.overlays],
         "python_deps": pinset.python_deps,
         "pip_index_url": pinset.pip_index_url,

@@ -218,9 +218,15 @@ class ImageRef(Strict):
         return f"{self.repository}:{self.tag}"
 
 
+PatchTreeKind = Literal["genesis-v7", "sndr-v12"]
+
+
 class GenesisPin(Strict):
+    """The pin set's patch tree (historically always Genesis): where it comes from and its layout."""
+
     source: str
     commit: str
+    kind: PatchTreeKind = "genesis-v7"
     version: str | None = None
     sha256: str | None = None  # for tarball sources
     known_good_vllm: tuple[str, ...] | None = None
@@ -266,6 +272,23 @@ class DriverPin(Strict):
     version: str | None = None
 
 
+class Risk(Strict):
+    """A known upstream problem of a pin set, carried as data and shown by check/plan/status."""
+
+    issue: str  # link to the public issue
+    symptom: str
+    mitigation: str
+    variants: tuple[str, ...] = ()  # empty: every variant on the pin set
+
+
+class MirrorMap(Strict):
+    """Where an air-gapped fleet finds pin-set sources: source prefix -> local mirror (a path, a git
+    bundle, file:// or an internal URL); `wheels` is a directory of vLLM wheels or a package index."""
+
+    prefixes: dict[str, str] = {}
+    wheels: str | None = None
+
+
 class PinSet(Strict):
     name: str
     description: str = ""
@@ -279,6 +302,9 @@ class PinSet(Strict):
     driver: DriverPin = DriverPin(branch=580)
     toolkit: PackagePin = PackagePin()
     docker: PackagePin = PackagePin()
+    # the variants this pin set is meant to serve: verified against upstream even before a rig runs them
+    variants: tuple[str, ...] = ()
+    risks: tuple[Risk, ...] = ()
 
     @field_validator("python_deps")
     @classmethod

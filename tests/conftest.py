@@ -12,6 +12,15 @@ FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory" / "example"
 
 
+@pytest.fixture(autouse=True)
+def _private_upstream_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+                            request: pytest.FixtureRequest) -> None:
+    """Upstream derivations are cached per user: tests must not see (or fill) the operator's cache.
+    tests/upstream brings its own cache of the real artifacts."""
+    if "real_upstream_cache" not in request.fixturenames:
+        monkeypatch.setenv("RIGFLEET_UPSTREAM_CACHE", str(tmp_path_factory.getbasetemp() / "no-upstream-cache"))
+
+
 def write_yaml(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

@@ -88,11 +88,13 @@ def test_tq3_mtp_genesis_carries_the_seed_recipe(golden_inventory: Path) -> None
 def test_full_genesis_flag_set_is_rendered(golden_inventory: Path) -> None:
     env = releases(golden_inventory)["tq3-mtp-genesis"].environment()
     genesis = {k: v for k, v in env.items() if k.startswith("GENESIS_")}
-    # 38 on, 6 explicitly off, 6 tunables, 2 budgets, the pin policy
-    assert sum(v == "1" for k, v in genesis.items() if k.startswith("GENESIS_ENABLE_")) == 38
+    # 37 on (P4 is legacy: applied unconditionally, no flag), 6 explicitly off, 6 tunables,
+    # 2 budgets, the pin policy
+    assert sum(v == "1" for k, v in genesis.items() if k.startswith("GENESIS_ENABLE_")) == 37
+    assert "GENESIS_ENABLE_P4" not in genesis
     assert sorted(k for k, v in genesis.items() if k.startswith("GENESIS_ENABLE_") and v == "0") == sorted(
         f"GENESIS_ENABLE_{f}" for f in ("P87", "P78_TOLIST_CAPTURE_GUARD", "P81_FP8_BLOCK_SCALED_M_LE_8",
-                                         "P40", "PN54", "P82"))
+                                         "P40", "PN54_GDN_CONTIGUOUS_DEDUP", "P82"))
     assert env["GENESIS_VLLM_PIN_POLICY"] == "strict"
 
 

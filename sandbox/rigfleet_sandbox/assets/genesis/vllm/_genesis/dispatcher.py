@@ -188,7 +188,7 @@ REGISTRY: tuple[PatchSpec, ...] = (
     _p("PN32", "", "chunked GDN (Cliff 2)", GDN),
     _p("PN34", "WORKSPACE_LOCK_RELAX", "workspace lock relax (vllm#39226)", RUNNER),
     _p("PN50", "", "GDN state checkpoint", GDN),
-    _p("PN54", "", "GDN dedup (Cliff 2b)", GDN),
+    _p("PN54", "GDN_CONTIGUOUS_DEDUP", "GDN dedup (Cliff 2b)", GDN),
     _p("PN55", "", "GDN varlen fast path", GDN),
     _p("PN57", "", "TQ centroid cache in ~/.cache/genesis", TQ_ATTN),
     _p("PN59", "STREAMING_GDN", "streaming GDN", GDN),
