@@ -64,3 +64,9 @@ def repos() -> dict[str, Any]:
 @cache
 def patch_tree_kinds() -> dict[str, Any]:
     return dict(_load("patch_trees.yaml")["kinds"])
+
+
+@cache
+def platforms() -> dict[str, Any]:
+    """Supported platforms and their distribution facts (platforms.yaml)."""
+    return dict(_load("platforms.yaml"))

@@ -105,6 +105,20 @@ def image_tag(pinset: PinSet) -> str:
 # --- the serving release -------------------------------------------------------------------------
 
 
+def nvlink_env(env: dict[str, str]) -> dict[str, str]:
+    """NVLink rigs: NCCL over NVLink, and no expandable segments (club-3090's detect_nvlink.sh
+    does the same; its composes warn that expandable segments can crash boot over NVLink)."""
+    out = {k: val for k, val in env.items() if k != "NCCL_P2P_DISABLE"}
+    out["NCCL_P2P_LEVEL"] = "NVL"
+    alloc = [part for part in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if part]
+    alloc = [part for part in alloc if not part.startswith("expandable_segments")]
+    if alloc:
+        out["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(alloc)
+    else:
+        out.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    return out
+
+
 @dataclass(frozen=True)
 class Release:
     rig: Rig
@@ -163,6 +177,8 @@ class Release:
         env["NVIDIA_VISIBLE_DEVICES"] = "all"
         if v.genesis is not None:
             env |= v.genesis.env(v.max_num_batched_tokens)
+        if self.rig.nvlink:
+            env = nvlink_env(env)
         env |= self.rig.engine_env
         if self.rig.sandbox_fault:
             env["RIGFLEET_SANDBOX_FAULT"] = self.rig.sandbox_fault

@@ -112,3 +112,95 @@ class DpkgInterrupted(FactBase[list[str]]):
     @override
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if line.strip()]
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One `deb` source: a URI, a suite and its components (`Types: deb` in deb822)."""
+
+    uri: str
+    suite: str
+    components: tuple[str, ...]
+    signed_by: str | None = None
+
+
+def _one_line(line: str) -> SourceEntry | None:
+    words = line.split("#", 1)[0].split()
+    if not words or words[0] != "deb":
+        return None
+    words, signed_by = words[1:], None
+    if words and words[0].startswith("["):
+        options = []
+        while words:
+            options.append(words.pop(0))
+            if options[-1].endswith("]"):
+                break
+        for option in " ".join(options).strip("[]").split():
+            if option.startswith("signed-by="):
+                signed_by = option.removeprefix("signed-by=")
+    if len(words) < 2:
+        return None
+    return SourceEntry(words[0].rstrip("/"), words[1], tuple(words[2:]), signed_by)
+
+
+def _deb822(stanza: list[str]) -> list[SourceEntry]:
+    fields: dict[str, str] = {}
+    key = ""
+    for line in stanza:
+        if line[:1] in (" ", "\t") and key:
+            fields[key] += " " + line.strip()
+        elif ":" in line:
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            fields[key] = value.strip()
+    if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes").lower() == "no":
+        return []
+    components = tuple(fields.get("components", "").split())
+    signed_by = fields.get("signed-by") or None
+    return [
+        SourceEntry(uri.rstrip("/"), suite, components, signed_by)
+        for uri in fields.get("uris", "").split()
+        for suite in fields.get("suites", "").split()
+    ]
+
+
+def parse_sources(lines: list[str]) -> list[SourceEntry]:
+    """Files as `==> PATH` then their text: one-line `.list` and deb822 `.sources` files."""
+    entries: list[SourceEntry] = []
+    path, stanza = "", list[str]()
+    for line in [*lines, "==> "]:
+        if line.startswith("==> ") or (path.endswith(".sources") and not line.strip()):
+            entries += _deb822([s for s in stanza if not s.lstrip().startswith("#")])
+            stanza = []
+            if line.startswith("==> "):
+                path = line[4:].strip()
+            continue
+        if path.endswith(".sources"):
+            stanza.append(line)
+        else:
+            entry = _one_line(line)
+            if entry:
+                entries.append(entry)
+    return entries
+
+
+class AptSourceEntries(FactBase[list[SourceEntry]]):
+    """Every enabled `deb` source in /etc/apt, except the file `exclude` (the one being managed)."""
+
+    @override
+    def command(self, exclude: str) -> str:
+        return (
+            "for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list "
+            "/etc/apt/sources.list.d/*.sources; do "
+            f'if [ -f "$f" ] && [ "$f" != {shlex.quote(exclude)} ]; then echo "==> $f"; cat "$f"; echo; fi; '
+            "done"
+        )
+
+    @override
+    @staticmethod
+    def default() -> list[SourceEntry]:
+        return []
+
+    @override
+    def process(self, output: list[str]) -> list[SourceEntry]:
+        return parse_sources(output)

@@ -279,3 +279,49 @@ class CdiDevices(FactBase[list[str]]):
     @override
     def process(self, output: list[str]) -> list[str]:
         return [line.strip() for line in output if re.fullmatch(r"[\w.-]+/[\w.-]+=[\w.:-]+", line.strip())]
+
+
+def parse_nvlink_status(lines: list[str]) -> dict[int, int]:
+    """`nvidia-smi nvlink --status`: active links per GPU index.
+
+    One 'GPU n: NAME (UUID: ...)' line per GPU with NVLink, then ' Link k: 14.062 GB/s' per
+    link ('Link k: <inactive>' when down). GPUs without NVLink print nothing at all.
+    """
+    active: dict[int, int] = {}
+    gpu: int | None = None
+    for line in lines:
+        text = _ANSI.sub("", line).strip()
+        header = re.match(r"^GPU (\d+): ", text)
+        if header:
+            gpu = int(header.group(1))
+            active.setdefault(gpu, 0)
+            continue
+        link = re.match(r"^Link \d+: (.+)$", text)
+        if link and gpu is not None and "inactive" not in link.group(1).lower():
+            active[gpu] += 1
+    return active
+
+
+class NvlinkStatus(FactBase[dict[int, int]]):
+    """Active NVLink links per GPU index (empty: no NVLink, or no driver)."""
+
+    @override
+    def command(self) -> str:
+        return (
+            "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi nvlink --status 2>/dev/null || true; fi"
+        )
+
+    @override
+    @staticmethod
+    def default() -> dict[int, int]:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict[int, int]:
+        return parse_nvlink_status(output)
+
+
+def has_nvlink(topology: Topology, status: dict[int, int], gpus: int) -> bool:
+    """NVLink between all GPUs: NV# in `topo -m`, or active links on every GPU in `nvlink -s`."""
+    linked = gpus > 1 and len(status) >= gpus and all(count > 0 for count in status.values())
+    return topology.nvlinked() or linked

@@ -13,7 +13,8 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files
 
-from rigfleet.facts.apt import AptRepositoryFiles, DpkgInterrupted, HeldPackages
+from rigfleet.facts.apt import AptRepositoryFiles, AptSourceEntries, DpkgInterrupted, HeldPackages, SourceEntry
+from rigfleet.facts.files import ManagedFile
 from rigfleet.facts.system import KernelHeaders
 from rigfleet.operations.files import matches
 
@@ -178,3 +179,66 @@ def kernel_headers(meta: str):
         'k="linux-headers-$(uname -r)"; if apt-cache show "$k" >/dev/null 2>&1; then set -- "$k"; '
         f'else set --; fi; {noninteractive_apt(INSTALL)} {shlex.quote(meta)} "$@"'
     )
+
+
+def missing_components(
+    entries: list[SourceEntry], codename: str, required: list[str]
+) -> list[tuple[str, str, str | None, list[str]]]:
+    """(uri, suite, signed-by, components missing) for each archive suite the rig uses with `main`.
+
+    Only suites of this release (bookworm, bookworm-updates, bookworm-security) are looked at;
+    a component is there when any entry for the same URI and suite lists it.
+    """
+    have: dict[tuple[str, str], set[str]] = {}
+    signed: dict[tuple[str, str], str | None] = {}
+    for entry in entries:
+        if entry.suite != codename and not entry.suite.startswith(f"{codename}-"):
+            continue
+        key = (entry.uri, entry.suite)
+        have.setdefault(key, set()).update(entry.components)
+        signed.setdefault(key, entry.signed_by)
+    return [
+        (uri, suite, signed[(uri, suite)], [c for c in required if c not in components])
+        for (uri, suite), components in sorted(have.items())
+        if "main" in components and any(c not in components for c in required)
+    ]
+
+
+def components_source(missing: list[tuple[str, str, str | None, list[str]]]) -> str:
+    """deb822 stanzas adding only the missing components, with the entry's own Signed-By (apt
+    refuses one URI and suite configured with two different keyrings)."""
+    stanzas = [
+        "# rigfleet: archive components the NVIDIA driver stack needs (contrib: glx-alternative-nvidia,\n"
+        "# nvidia-modprobe, nvidia-support). Managed by rigfleet; the distribution's own entries stay."
+    ]
+    for uri, suite, signed_by, components in missing:
+        lines = ["Types: deb", f"URIs: {uri}", f"Suites: {suite}", f"Components: {' '.join(components)}"]
+        if signed_by:
+            lines.append(f"Signed-By: {signed_by}")
+        stanzas.append("\n".join(lines))
+    return "\n\n".join(stanzas) + "\n"
+
+
+@operation()
+def archive_components(dest: str, codename: str, components: list[str]):
+    """
+    Enable the archive `components` for every suite of this release the rig already uses, in a
+    file of its own (`dest`); the distribution's source files are not edited.
+
+    + dest: the .sources file rigfleet owns
+    + codename: the release (bookworm, trixie)
+    + components: what the host layer needs (main contrib non-free non-free-firmware)
+    """
+    missing = missing_components(host.get_fact(AptSourceEntries, exclude=dest), codename, components)
+    current = host.get_fact(ManagedFile, path=dest)
+    if not missing:
+        if current is None:
+            host.noop(f"the archive already has {', '.join(components)}")
+            return
+        yield StringCommand("rm -f", shlex.quote(dest))
+        return
+    content = components_source(missing)
+    if matches(current, content, "0644"):
+        host.noop(f"{dest} is up to date")
+        return
+    yield from files.put._inner(src=StringIO(content), dest=dest, mode="0644")

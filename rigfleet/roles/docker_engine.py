@@ -28,7 +28,18 @@ from rigfleet.schema import AptRepo, Rig
 DOCKER_KEYRING = "/etc/apt/keyrings/rigfleet-docker.gpg"
 DEBIAN_ARCHIVE_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DOCKER_CE = ["docker-ce", "docker-ce-cli", "containerd.io", "docker-buildx-plugin", "docker-compose-plugin"]
+# docker-ce-rootless-extras is a Recommends of docker-ce: installed and held with the rest, or an
+# upgrade would move it alone (https://docs.docker.com/engine/install/debian/)
+DOCKER_CE = [
+    "docker-ce",
+    "docker-ce-cli",
+    "containerd.io",
+    "docker-buildx-plugin",
+    "docker-compose-plugin",
+    "docker-ce-rootless-extras",
+]
+# same version string as docker-ce (5:28.3.3-1~debian.12~bookworm)
+DOCKER_CE_VERSIONED = ("docker-ce", "docker-ce-cli", "docker-ce-rootless-extras")
 # Docker's install guide: packages that conflict with Docker CE
 CONFLICTS = [
     "docker.io",
@@ -39,12 +50,6 @@ CONFLICTS = [
     "containerd",
     "runc",
 ]
-DISTRO_PACKAGES = {
-    "jammy": ["docker.io", "docker-compose-v2", "docker-buildx"],
-    "noble": ["docker.io", "docker-compose-v2", "docker-buildx"],
-    "bookworm": ["docker.io", "docker-compose"],  # docker-compose from trixie, see above
-    "trixie": ["docker.io", "docker-cli", "docker-compose", "docker-buildx"],
-}
 # what rigfleet owns in daemon.json (every other key is left as it is)
 LOG_ROTATION = {"log-driver": "json-file", "log-opts": {"max-size": "100m", "max-file": "5"}}
 
@@ -103,7 +108,7 @@ def _docker_ce(context: RigContext, where: Target) -> list[str]:
     version = context.pinset.docker.version
     # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
     specs = [
-        f"{name}=5:{version}-*" if version and name in ("docker-ce", "docker-ce-cli") else name
+        f"{name}=5:{version}-*" if version and name in DOCKER_CE_VERSIONED else name
         for name in DOCKER_CE
     ]
     apt_ops.install(name="Docker CE", packages=specs)
@@ -111,7 +116,7 @@ def _docker_ce(context: RigContext, where: Target) -> list[str]:
 
 
 def _distro(where: Target) -> list[str]:
-    packages = DISTRO_PACKAGES[where.codename]
+    packages = list(where.facts["docker_distro"]["packages"])
     if where.codename == "bookworm":
         files_ops.config_file(
             name="Debian 13 source for Compose v2 only",

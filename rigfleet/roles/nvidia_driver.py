@@ -25,6 +25,7 @@ from rigfleet.schema import AptRepo, DriverPin, Rig
 
 CUDA_KEYRING = "/etc/apt/keyrings/rigfleet-cuda.gpg"
 NOUVEAU_CONF = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
+ARCHIVE_COMPONENTS = "/etc/apt/sources.list.d/rigfleet-debian-components.sources"
 # driver packages held through these globs (dependencies the metapackages pulled in)
 DEBIAN_HOLD = ["nvidia-*", "libnvidia-*", "libcuda*", "libnvcuvid*", "libnvoptix*", "cuda-drivers*"]
 # the toolkit is held by its own role; kernel-ABI module packages must follow the kernel
@@ -42,11 +43,9 @@ def cuda_repo(rig: Rig, where: Target) -> AptRepo:
     if rig.cuda_repo is not None:
         return rig.cuda_repo
     cuda = catalog.repos()["cuda"]
-    return AptRepo(
-        url=cuda["url_template"].format(distro=where.cuda_slug),
-        key_url=cuda["key_url_template"].format(distro=where.cuda_slug),
-        key_fingerprint=cuda["key_fingerprint"],
-    )
+    url = cuda["url_template"].format(distro=where.cuda_slug)
+    key = cuda["keys"][where.cuda_slug]  # each release's repository has its own signing key
+    return AptRepo(url=url, key_url=f"{url}{key['file']}", key_fingerprint=key["fingerprint"])
 
 
 def pinned(package: str, version: str | None) -> str:
@@ -63,19 +62,36 @@ def ubuntu_flavour(installed: dict[str, list[str]]) -> str:
     return "generic"
 
 
+def ubuntu_kernel(flavour: str) -> list[str]:
+    """The metapackages that pull each new kernel ABI of the rig's flavour: held with the driver."""
+    return [f"linux-{flavour}", f"linux-image-{flavour}", f"linux-headers-{flavour}"]
+
+
 def ubuntu_packages(rig: Rig, pin: DriverPin, where: Target) -> tuple[list[str], list[str]]:
     """(install specs, names to hold) from the Ubuntu archive."""
     flavour = "-open" if rig.driver_module == "open" else ""
     branch = f"{pin.branch}-server"
     utils = f"nvidia-utils-{branch}"
+    kernel_flavour = ubuntu_flavour(host.get_fact(DebPackages))
     if uses_dkms(rig, where):
         userspace = f"nvidia-headless-{branch}{flavour}"
         specs = [pinned(userspace, pin.version), pinned(utils, pin.version)]
-    else:
-        userspace = f"nvidia-headless-no-dkms-{branch}{flavour}"
-        modules = f"linux-modules-nvidia-{branch}{flavour}-{ubuntu_flavour(host.get_fact(DebPackages))}"
-        specs = [modules, pinned(userspace, pin.version), pinned(utils, pin.version)]
-    return specs, [userspace, utils]
+        return specs, [userspace, utils]
+    userspace = f"nvidia-headless-no-dkms-{branch}{flavour}"
+    # Canonical builds these per kernel ABI: the one for the running kernel, and the flavour's
+    # metapackage, held together with the kernel metapackages so neither moves alone
+    modules = f"linux-modules-nvidia-{branch}{flavour}-{kernel_flavour}"
+    abi_modules = f"linux-modules-nvidia-{branch}{flavour}-{where.kernel}"
+    specs = [abi_modules, modules, pinned(userspace, pin.version), pinned(utils, pin.version)]
+    return specs, [abi_modules, modules, userspace, utils]
+
+
+def kernel_holds(where: Target) -> list[str]:
+    """Kernel metapackages held with the driver: the kernel moves only with a rigfleet converge."""
+    if where.distro == "debian":
+        return [where.kernel_packages["image"], where.kernel_packages["headers"]]
+    installed = host.get_fact(DebPackages)
+    return [name for name in ubuntu_kernel(ubuntu_flavour(installed)) if name in installed]
 
 
 @deploy("NVIDIA driver")
@@ -97,18 +113,31 @@ def nvidia_driver(context: RigContext) -> None:
             commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
             _if=nouveau.did_change,
         )
+        if where.distro == "debian":
+            apt_ops.archive_components(
+                name="Debian archive: contrib and non-free for the driver stack",
+                dest=ARCHIVE_COMPONENTS,
+                codename=where.codename,
+                components=where.components,
+            )
         if uses_dkms(rig, where):
             meta = headers_metapackage(where)
             if where.distro == "ubuntu":
                 meta = f"linux-headers-{ubuntu_flavour(host.get_fact(DebPackages))}"
+            if where.distro == "debian":
+                # image and headers metapackages together: DKMS builds for the kernel that boots
+                apt_ops.install(
+                    name="Kernel image metapackage (held with the driver)",
+                    packages=[where.kernel_packages["image"]],
+                )
             apt_ops.kernel_headers(name="Kernel headers for DKMS", meta=meta)
 
         if where.distro == "ubuntu":
             specs, held = ubuntu_packages(rig, pin, where)
             apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
             apt_ops.hold(
-                name="Hold the driver packages",
-                packages=held,
+                name="Hold the driver packages and the kernel they were built for",
+                packages=held + kernel_holds(where),
                 patterns=[f"*nvidia*-{pin.branch}-server", f"*nvidia*-{pin.branch}-server-*"],
                 exclude=HOLD_EXCLUDE,
             )
@@ -140,8 +169,8 @@ def nvidia_driver(context: RigContext) -> None:
                 name=f"NVIDIA driver ({driver}, CUDA repository)", packages=[pinned(driver, pin.version)]
             )
             apt_ops.hold(
-                name="Hold the driver packages",
-                packages=[pinning, driver],
+                name="Hold the driver packages and the kernel they were built for",
+                packages=[pinning, driver, *kernel_holds(where)],
                 patterns=DEBIAN_HOLD,
                 exclude=HOLD_EXCLUDE,
             )

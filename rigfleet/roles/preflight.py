@@ -9,16 +9,17 @@ Facts are read here in deploy code: all of them describe the rig before this run
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from weakref import WeakKeyDictionary
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
 from rigfleet.facts.docker import DockerDaemonConfig
-from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology
+from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology, NvlinkStatus, has_nvlink
 from rigfleet.facts.system import DiskSpace, KernelHeaders, Platform, PlatformInfo, SecureBoot
 from rigfleet.operations import server as server_ops
 from rigfleet.operations.ordering import role_scope
@@ -29,7 +30,7 @@ DOCKER_DATA_ROOT = "/var/lib/docker"  # dockerd's own default when daemon.json s
 
 @dataclass(frozen=True)
 class Target:
-    """A supported platform: what the roles branch on."""
+    """A supported platform: what the roles branch on (its facts are in catalog/platforms.yaml)."""
 
     distro: str  # ubuntu | debian
     version: str  # 22.04 | 24.04 | 12 | 13
@@ -37,22 +38,34 @@ class Target:
     kernel: str
 
     @property
+    def key(self) -> str:
+        return f"{self.distro}-{self.version}"
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return dict(catalog.platforms()["platforms"][self.key])
+
+    @property
     def cuda_slug(self) -> str:
         """NVIDIA's name for the distro in CUDA repository URLs: ubuntu2404, debian12."""
-        return f"{self.distro}{self.version.replace('.', '')}"
+        return str(self.facts["cuda_slug"])
+
+    @property
+    def components(self) -> list[str]:
+        """The archive components the host layer installs from."""
+        return list(self.facts["components"])
+
+    @property
+    def kernel_packages(self) -> dict[str, str]:
+        return dict(self.facts["kernel"])
 
 
-SUPPORTED = {
-    ("ubuntu", "22.04"): "jammy",
-    ("ubuntu", "24.04"): "noble",
-    ("debian", "12"): "bookworm",
-    ("debian", "13"): "trixie",
-}
-SUPPORTED_TEXT = "Ubuntu 22.04, Ubuntu 24.04, Debian 12 or Debian 13 on x86_64"
+def _supported() -> dict[tuple[str, str], str]:
+    return {(p["distro"], p["version"]): p["codename"] for p in catalog.platforms()["platforms"].values()}
 
 
 def target_of(info: PlatformInfo) -> Target | None:
-    codename = SUPPORTED.get((info.id, info.version_id))
+    codename = _supported().get((info.id, info.version_id))
     if codename is None or info.arch != "x86_64":
         return None
     return Target(info.id, info.version_id, codename, info.kernel)
@@ -82,7 +95,7 @@ def uses_dkms(rig: Rig, where: Target) -> bool:
 
 def headers_metapackage(where: Target) -> str:
     """Headers that follow the distribution kernel, so DKMS also builds for the next kernel."""
-    return "linux-headers-amd64" if where.distro == "debian" else "linux-headers-generic"
+    return where.kernel_packages["headers"]
 
 
 def assess(context: RigContext) -> list[str]:
@@ -95,10 +108,10 @@ def assess(context: RigContext) -> list[str]:
             f"{info.pretty_name or info.id or 'an unknown OS'} on {info.arch or 'an unknown architecture'}"
         )
         return [
-            f"{found} is not supported: rigfleet needs {SUPPORTED_TEXT}; reinstall the rig or take it "
-            "out of the inventory"
+            f"{found} is not supported: rigfleet needs {catalog.platforms()['supported_text']}; reinstall "
+            "the rig or take it out of the inventory"
         ]
-    problems = _secure_boot(rig, where) + _headers(rig, where) + _disk(rig) + _gpus(rig)
+    problems = _secure_boot(rig, where) + _headers(rig, where) + _cdi(context, where) + _disk(rig) + _gpus(rig)
     return problems
 
 
@@ -182,12 +195,42 @@ def _gpus(rig: Rig) -> list[str]:
             f"nvidia-smi sees {', '.join(wrong)}, the rig expects {expected} (gpu_model: "
             f"{rig.gpu_model}); set gpu_model to the cards the rig has"
         )
-    if rig.nvlink and len(names) > 1 and not host.get_fact(NvidiaTopology).nvlinked():
-        problems.append(
-            "nvlink: true, but `nvidia-smi topo -m` shows no NVLink between the GPUs; fit the "
-            "bridge or set nvlink: false"
-        )
+    if len(names) > 1:
+        linked = has_nvlink(host.get_fact(NvidiaTopology), host.get_fact(NvlinkStatus), len(names))
+        if rig.nvlink and not linked:
+            problems.append(
+                "nvlink: true, but `nvidia-smi topo -m` and `nvidia-smi nvlink --status` show no NVLink "
+                "between the GPUs; fit the bridge or set nvlink: false"
+            )
+        if linked and not rig.nvlink:
+            # not a stop: the PCIe settings work over NVLink too, only slower
+            logger.warning(
+                f"{rig.name}: nvlink: false, but nvidia-smi shows NVLink between the GPUs; set "
+                "nvlink: true to use it (NCCL_P2P_LEVEL=NVL, custom all-reduce)"
+            )
     return problems
+
+
+def docker_major(rig: Rig, pinned: str | None, where: Target) -> int | None:
+    """The Docker Engine major version the rig will run: the pin set's, or the distribution's."""
+    distro = where.facts["docker_distro"]["docker_io_version"]
+    version = pinned if rig.docker_source == "docker-ce" else distro
+    return int(version.split(".")[0]) if version else None
+
+
+def _cdi(context: RigContext, where: Target) -> list[str]:
+    rig = context.rig
+    if not rig.cdi:
+        return []
+    needed = catalog.platforms()["cdi_min_docker"]
+    major = docker_major(rig, context.pinset.docker.version, where)
+    if major is None or major >= int(needed.split(".")[0]):
+        return []
+    if rig.docker_source == "distro":
+        found, fix = f"docker_source: distro installs Docker {major} on {where.key}", "set docker_source: docker-ce"
+    else:
+        found, fix = f"the pin set {context.pinset.name} pins Docker {major}", f"pin Docker {needed} or newer"
+    return [f"cdi: true needs Docker {needed} or newer and {found}; {fix}, or set cdi: false"]
 
 
 @deploy("Preflight")

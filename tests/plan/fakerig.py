@@ -33,10 +33,10 @@ from rigfleet.facts import docker as rf_docker
 from rigfleet.facts import files as rf_files
 from rigfleet.facts import nvidia as rf_nvidia
 from rigfleet.facts import system as rf_system
-from rigfleet.facts.apt import RepositoryFiles
+from rigfleet.facts.apt import RepositoryFiles, SourceEntry
 from rigfleet.facts.docker import DaemonConfig
 from rigfleet.facts.files import FileDigest
-from rigfleet.facts.nvidia import Gpu, NvidiaSmiState
+from rigfleet.facts.nvidia import Gpu, NvidiaSmiState, Topology
 from rigfleet.facts.system import DiskUsage, HeadersState, PlatformInfo, SecureBootState
 from rigfleet.loader import Fleet
 from rigfleet.schema import ImageRef, PinSet, Rig
@@ -57,6 +57,7 @@ PLATFORMS = {
 }
 DISTROS = tuple(PLATFORMS)
 GIB_KIB = 1024 * 1024
+SECURITY_MIRROR = "http://deb.debian.org/debian-security"
 RTX_3090 = "NVIDIA GeForce RTX 3090"
 
 
@@ -111,6 +112,9 @@ class FakeRig:
     images: set[str] = field(default_factory=set)
     cdi_devices: list[str] = field(default_factory=list)
     debian_mirror: str = "http://deb.debian.org/debian"
+    sources: list[SourceEntry] | None = None  # the rig's apt sources; None: the installer's default
+    topology: Topology = Topology()
+    nvlink_status: dict[int, int] = field(default_factory=dict)
     # the rig as it comes back from a reboot (a reboot is the one change a plan cannot infer)
     after_reboot: FakeRig | None = None
 
@@ -169,6 +173,18 @@ class FakeRig:
             if not services or unit in services
         }
 
+    def _source_entries(self, exclude: str) -> list[SourceEntry]:
+        if self.sources is not None:
+            return list(self.sources)
+        # the Debian installer's default: main and non-free-firmware, no contrib
+        codename, keyring = self.platform.codename, "/usr/share/keyrings/debian-archive-keyring.gpg"
+        components = ("main", "non-free-firmware")
+        return [
+            SourceEntry(self.debian_mirror, codename, components, keyring),
+            SourceEntry(self.debian_mirror, f"{codename}-updates", components, keyring),
+            SourceEntry(SECURITY_MIRROR, f"{codename}-security", components, keyring),
+        ]
+
     def _apt_sources(self) -> list[Any]:
         return [pyinfra_apt.AptRepo("deb", self.debian_mirror, self.platform.codename, ["main"], {})]
 
@@ -186,6 +202,9 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_apt.HeldPackages: lambda r: sorted(r.held),
     rf_apt.KeyringFingerprints: lambda r, path: r.keyrings.get(path),
     rf_apt.AptRepositoryFiles: FakeRig._repository,
+    rf_apt.AptSourceEntries: FakeRig._source_entries,
+    rf_nvidia.NvidiaTopology: lambda r: r.topology,
+    rf_nvidia.NvlinkStatus: lambda r: dict(r.nvlink_status),
     rf_files.ManagedFile: FakeRig._digest,
     rf_apt.DpkgInterrupted: lambda r: [],
     rf_docker.DockerDaemonConfig: lambda r, path=rf_docker.DAEMON_JSON: r._daemon_json(path),

@@ -17,14 +17,27 @@ FINGERPRINTS = {
     "/etc/apt/keyrings/rigfleet-docker.gpg": "9DC858229FC7DD38854AE2D88D81803C0EBFCD88",
     "/etc/apt/keyrings/rigfleet-nvidia-container-toolkit.gpg": "C95B321B61E88C1809C4F759DDCAE044F796ECB0",
 }
+# NVIDIA signs each release's CUDA repository with its own key (catalog/repos.yaml)
+CUDA_KEYS = {"debian-13": "02182E60104FCDC26EAE1B8597A5D4CB8793F200"}
 # what `nvidia-ctk runtime configure --runtime=docker` adds to daemon.json
 NVIDIA_RUNTIME = {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}
 RUNTIMES = ["io.containerd.runc.v2", "nvidia", "runc"]
 
 
+# what the distribution's installer leaves: the kernel flavour's metapackages
+UBUNTU_KERNEL = ("linux-generic", "linux-image-generic", "linux-headers-generic")
+KERNEL_METAS = {
+    "ubuntu-22.04": dict.fromkeys(UBUNTU_KERNEL, "5.15.0.131.130"),
+    "ubuntu-24.04": dict.fromkeys(UBUNTU_KERNEL, "6.8.0.90.90"),
+    "debian-12": {"linux-image-amd64": "6.1.158-1"},
+    "debian-13": {"linux-image-amd64": "6.12.57-1"},
+}
+
+
 def fresh(distro: str, **changes: Any) -> FakeRig:
     """A bare install: no driver, no Docker, no rigfleet files."""
-    return FakeRig(PLATFORMS[distro], headers_installed=False).with_(**changes)
+    packages = {name: [version] for name, version in KERNEL_METAS[distro].items()}
+    return FakeRig(PLATFORMS[distro], headers_installed=False, packages=packages).with_(**changes)
 
 
 def docker_versions(distro: str, source: str) -> dict[str, str]:
@@ -37,6 +50,7 @@ def docker_versions(distro: str, source: str) -> dict[str, str]:
             "containerd.io": "1.7.27-1",
             "docker-buildx-plugin": f"0.26.1-1~{suffix}",
             "docker-compose-plugin": f"2.39.1-1~{suffix}",
+            "docker-ce-rootless-extras": f"5:28.3.3-1~{suffix}",
         }
     return {
         "ubuntu-22.04": {
@@ -80,8 +94,9 @@ def driver_packages(context: RigContext, distro: str) -> dict[str, str]:
             packages |= {
                 f"nvidia-headless-no-dkms-580-server{flavour}": deb,
                 f"linux-modules-nvidia-580-server{flavour}-generic": "6.8.0-90.91+1",
+                f"linux-modules-nvidia-580-server{flavour}-{PLATFORMS[distro].kernel}": "6.8.0-90.91+1",
             }
-        return packages
+        return packages | KERNEL_METAS[distro] | {"linux-headers-generic": KERNEL_METAS[distro]["linux-generic"]}
     deb = f"{DRIVER}-1"
     driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
     return {
@@ -90,12 +105,13 @@ def driver_packages(context: RigContext, distro: str) -> dict[str, str]:
         "nvidia-kernel-open-dkms": deb,
         "nvidia-driver-cuda": deb,
         "libnvidia-compute": deb,
-        "linux-headers-amd64": "6.12.57-1",
-    }
+        "linux-headers-amd64": KERNEL_METAS[distro]["linux-image-amd64"],
+    } | KERNEL_METAS[distro]
 
 
 def held_packages(packages: dict[str, str]) -> list[str]:
-    skip = ("ca-certificates", "curl", "gpg", "linux-headers-", "linux-modules-nvidia-")
+    # the kernel metapackages and Canonical's modules for that kernel are held with the driver
+    skip = ("ca-certificates", "curl", "gpg")
     return sorted(name for name in packages if not name.startswith(skip))
 
 
@@ -124,7 +140,9 @@ def converged(context: RigContext, distro: str, **changes: Any) -> FakeRig:
     image = "rigfleet/smoke:local" if rig.smoke_image == "local" else rig.smoke_image
     written[SMOKE_STAMP] = f"image={image} driver={DRIVER} toolkit={TOOLKIT} docker={engine}\n"
     keyrings = {
-        path: [fpr] for path, fpr in FINGERPRINTS.items() if distro.startswith("debian") or "cuda" not in path
+        path: [CUDA_KEYS.get(distro, fpr) if "cuda" in path else fpr]
+        for path, fpr in FINGERPRINTS.items()
+        if distro.startswith("debian") or "cuda" not in path
     }
     state = start.with_(
         headers_installed=True,

@@ -89,18 +89,27 @@ def test_fresh_key_steps(distro: str) -> None:
     result = plan(context_for(distro), scenarios.fresh(distro))
     commands = result.commands
     if distro.startswith("ubuntu"):
+        abi = PLATFORMS[distro].kernel
         assert (
-            f"{APT_INSTALL} linux-modules-nvidia-580-server-open-generic "
+            f"{APT_INSTALL} linux-modules-nvidia-580-server-open-{abi} "
+            "linux-modules-nvidia-580-server-open-generic "
             "nvidia-headless-no-dkms-580-server-open "
             "nvidia-utils-580-server" in commands
         )
-        assert "apt-mark hold nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server" in commands
+        assert (
+            "apt-mark hold linux-generic linux-headers-generic linux-image-generic "
+            f"linux-modules-nvidia-580-server-open-{abi} linux-modules-nvidia-580-server-open-generic "
+            "nvidia-headless-no-dkms-580-server-open nvidia-utils-580-server" in commands
+        )
         assert not any("cuda" in c and "sources" in c for c in commands)
     else:
         slug = PLATFORMS[distro].id + PLATFORMS[distro].version_id
         pinning, driver = f"{APT_INSTALL} nvidia-driver-pinning-580", f"{APT_INSTALL} nvidia-open"
         assert commands.index(pinning) < commands.index(driver), "the pinning package goes in first"
-        assert "apt-mark hold nvidia-driver-pinning-580 nvidia-open" in commands
+        assert (
+            "apt-mark hold linux-headers-amd64 linux-image-amd64 nvidia-driver-pinning-580 nvidia-open"
+            in commands
+        )
         assert result.uploads[f"/etc/apt/sources.list.d/cuda-{slug}-x86_64.sources"].splitlines()[1:] == [
             "Types: deb",
             f"URIs: https://developer.download.nvidia.com/compute/cuda/repos/{slug}/x86_64/",
@@ -410,7 +419,7 @@ def test_repin_moves_held_packages_to_the_pinned_versions() -> None:
         f"{APT_INSTALL} 'nvidia-open=580.105.08-*'",
         "apt-mark hold nvidia-driver-pinning-580.105.08",
         f"{APT_INSTALL} 'docker-ce=5:28.5.2-*' 'docker-ce-cli=5:28.5.2-*' containerd.io docker-buildx-plugin "
-        "docker-compose-plugin",
+        "docker-compose-plugin 'docker-ce-rootless-extras=5:28.5.2-*'",
         f"{APT_INSTALL} 'nvidia-container-toolkit=1.18.1-*' 'nvidia-container-toolkit-base=1.18.1-*' "
         "'libnvidia-container-tools=1.18.1-*' 'libnvidia-container1=1.18.1-*'",
     ]

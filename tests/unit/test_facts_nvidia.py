@@ -11,7 +11,9 @@ from rigfleet.facts.nvidia import (
     QUERY_COMMAND,
     Gpu,
     NvidiaSmi,
+    has_nvlink,
     parse_gpu_list,
+    parse_nvlink_status,
     parse_proc_version,
     parse_query_gpu,
     parse_topology,
@@ -168,3 +170,24 @@ def test_topology_real_single_gpu_and_3090_pairs() -> None:
     assert pcie.links == {"GPU0": {"GPU1": "PHB"}, "GPU1": {"GPU0": "PHB"}} and not pcie.nvlinked()
     _, lines, _ = one(RTX3090 / "topo-nvlink.txt")
     assert parse_topology(lines).nvlinked()
+
+
+def test_nvlink_status_real_empty_and_3090_bridge() -> None:
+    lines, code = captures(H200 / "misc.txt")["nvidia-smi nvlink -s"]
+    assert (parse_nvlink_status(lines), code) == ({}, 0)
+    _, lines, _ = one(RTX3090 / "nvlink-status.txt")
+    assert parse_nvlink_status(lines) == {0: 4, 1: 4}
+    down = ["GPU 0: NVIDIA GeForce RTX 3090 (UUID: GPU-a)", "\t Link 0: <inactive>",
+            "GPU 1: NVIDIA GeForce RTX 3090 (UUID: GPU-b)", "\t Link 0: <inactive>"]
+    assert parse_nvlink_status(down) == {0: 0, 1: 0}
+
+
+def test_has_nvlink_from_either_source() -> None:
+    _, pcie_lines, _ = one(RTX3090 / "topo.txt")
+    _, nv_lines, _ = one(RTX3090 / "topo-nvlink.txt")
+    pcie, nvlinked = parse_topology(pcie_lines), parse_topology(nv_lines)
+    assert has_nvlink(nvlinked, {}, 2)
+    assert has_nvlink(pcie, {0: 4, 1: 4}, 2)
+    assert not has_nvlink(pcie, {}, 2)
+    assert not has_nvlink(pcie, {0: 4, 1: 0}, 2)
+    assert not has_nvlink(pcie, {0: 4}, 2)

@@ -123,3 +123,20 @@ def test_release_id_is_stable_and_variant_specific(golden_inventory: Path) -> No
     rel = releases(golden_inventory)
     assert rel["int8"].release_id() == rel["int8"].release_id()
     assert rel["int8"].release_id() != rel["turbo"].release_id()
+
+
+@pytest.mark.parametrize("variant", sorted(catalog.variants()))
+def test_nvlink_rig_gets_nccl_over_nvlink_and_no_expandable_segments(golden_inventory: Path, variant: str) -> None:
+    pcie = releases(golden_inventory)[variant]
+    nvlinked = Release(pcie.rig.model_copy(update={"nvlink": True}), pcie.pinset, pcie.variant)
+    env = nvlinked.environment()
+    assert env["NCCL_P2P_LEVEL"] == "NVL"
+    assert "NCCL_P2P_DISABLE" not in env
+    assert "expandable_segments" not in env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    before = pcie.environment()
+    assert before["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_LEVEL" not in before
+    # the other allocator settings stay
+    kept = [p for p in before.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if p and "expandable" not in p]
+    assert [p for p in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if p] == kept
+    custom = "--disable-custom-all-reduce" in nvlinked.serve_args()
+    assert custom == (pcie.variant.custom_all_reduce == "disabled")

@@ -514,3 +514,28 @@ def test_packages_install_upgrade_purge_with_real_apt(
     assert results["left.out"] == ""  # purged: not even config-files state
     assert results["units.out"] == ""
     assert not pins
+
+
+def test_nvlink_status_and_topology_follow_the_simulated_bridge(run: Run, sim: dict[str, Path]) -> None:
+    """The stand-in answers `nvlink --status` and `topo -m` in the real formats (fixtures next to
+    the H200 capture), PCIe-only until a bridge is 'fitted'."""
+    from rigfleet.facts.nvidia import parse_nvlink_status, parse_topology
+
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "rtx3090x2-580.95.05"
+    bridge = sim["tmp"] / "nvlink-bridge"
+    none = run("nvidia-smi", "nvlink", "--status", RIGFLEET_SIM_NVLINK_BRIDGE=str(bridge))
+    assert (none.returncode, none.stdout) == (0, "")
+    assert not parse_topology(run("nvidia-smi", "topo", "-m", RIGFLEET_SIM_NVLINK_BRIDGE=str(bridge))
+                              .stdout.splitlines()).nvlinked()
+    bridge.write_text("")
+    status = run("nvidia-smi", "nvlink", "-s", RIGFLEET_SIM_NVLINK_BRIDGE=str(bridge))
+    real = (fixtures / "nvlink-status.txt").read_text().splitlines()[1:-1]
+    uuid = re.compile(r"\(UUID: [^)]+\)")
+    assert [uuid.sub("(UUID: X)", line) for line in status.stdout.splitlines()] == [
+        uuid.sub("(UUID: X)", line) for line in real
+    ]
+    assert parse_nvlink_status(status.stdout.splitlines()) == {0: 4, 1: 4}
+    topo = run("nvidia-smi", "topo", "-m", RIGFLEET_SIM_NVLINK_BRIDGE=str(bridge)).stdout.splitlines()
+    assert topo[1].split("\t")[:3] == ["GPU0", " X ", "NV4"]
+    assert parse_topology(topo).nvlinked()
+    assert run("nvidia-smi", "nvlink", "--capabilities").returncode == 2
