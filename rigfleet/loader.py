@@ -19,11 +19,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rigfleet import grammar
 from rigfleet.errors import FLEET, InputError, Problem, closest
 from rigfleet.schema import MirrorMap, PinSet, Rig
 
 # pyinfra global arguments (e.g. _sudo) pass through to pyinfra untouched.
 PYINFRA_PREFIX = "_"
+# fields whose value is a secret reference: an error about them never prints the value
+SECRET_FIELDS = ("hf_token", "api_key")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -297,12 +300,16 @@ def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, 
     if kind == "missing":
         return Problem(owner, field_name, None, "required but not set",
                        f"set {field_name} in group_vars/all.yml or host_vars/{owner}.yml", source)
+    if top in SECRET_FIELDS:
+        # whatever the shape (a string, a list, {value: S}, {env: X, file: S}), print no value
+        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
+                       f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
     message = error["msg"].removeprefix("Value error, ")
     if kind == "literal_error":
         return Problem(owner, field_name, value, message, "use one of the listed values", source)
-    if top in ("hf_token", "api_key") and isinstance(value, str):
-        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
-                       f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
+    given = grammar.FIX.match(message)
+    if given:
+        return Problem(owner, field_name, value, given["message"], given["fix"], source)
     return Problem(owner, field_name, value, message, _fix_for(kind, error), source)
 
 

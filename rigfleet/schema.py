@@ -7,34 +7,48 @@ guard read only these models. Defaults for every rig live here and nowhere else.
 from __future__ import annotations
 
 import re
-from ipaddress import ip_address
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from rigfleet import grammar
 
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
-RIG_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+HOSTNAME = grammar.HOSTNAME
+RIG_NAME = grammar.RIG_NAME
 
 SandboxFault = Literal["boot-crash", "unhealthy", "slow-boot", "garbage-output"]
 
 
-class Strict(BaseModel):
+class _NoBoolInts(BaseModel):
+    """YAML `true` is not a number: pydantic would read it as 1 (ssh_port: true -> port 1)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_int(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        annotation = str(field.annotation) if field is not None else ""
+        if isinstance(value, bool) and ("int" in annotation or "float" in annotation) and "bool" not in annotation:
+            raise grammar.bad("a boolean where a number belongs", "write a plain number")
+        return value
+
+
+class Strict(_NoBoolInts):
     """Unknown keys are mistakes (a typo would otherwise be ignored silently)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
 
 
 def _url(value: str) -> str:
-    if not re.match(r"^(https?|file)://[^\s]+$", value) and not value.startswith("/"):
-        raise ValueError("must be an http(s):// or file:// URL or an absolute path")
-    return value
+    """An http(s):// or file:// URL or an absolute path, re-serialised from its parsed parts."""
+    return grammar.url(value, ("https", "http", "file"), absolute_path=True)
+
+
 
 
 def _sha256(value: str | None) -> str | None:
@@ -54,7 +68,7 @@ class SecretRef(Strict):
         if (self.env is None) == (self.file is None):
             raise ValueError("give exactly one of env: NAME or file: PATH")
         if self.env is not None and not ENV_NAME.match(self.env):
-            raise ValueError(f"{self.env!r} is not an environment variable name")
+            raise grammar.bad("not an environment variable name", "write env: NAME (letters, digits, _)")
         return self
 
 
@@ -81,7 +95,7 @@ class WeightsSource(Strict):
     """Where weights come from: the hub (default) or a fleet mirror over HTTP."""
 
     url: str | None = None
-    _check_url = field_validator("url")(lambda v: v if v is None else _url(v))
+    _check_url = field_validator("url")(lambda v: v if v is None else grammar.url(v, ("https", "http", "file")))
 
 
 class Rig(Strict):
@@ -123,7 +137,7 @@ class Rig(Strict):
     # GPU smoke test: `docker run --rm --gpus all IMAGE nvidia-smi -L`. A CUDA base image also
     # checks the driver against the image's CUDA requirement; "local" imports a minimal image
     # from the rig's own root filesystem, for rigs that cannot pull from a registry.
-    smoke_image: str = Field("nvidia/cuda:13.0.2-base-ubuntu22.04", pattern=r"^[A-Za-z0-9][^\s]*$")
+    smoke_image: str = "nvidia/cuda:13.0.2-base-ubuntu22.04"
     apt_proxy: str | None = None
     apt_lock_timeout_s: int = Field(600, ge=0, le=7200)
     min_free_disk_gib: int = Field(80, ge=0, le=100000)
@@ -142,56 +156,63 @@ class Rig(Strict):
     @field_validator("name")
     @classmethod
     def _rig_name(cls, value: str) -> str:
-        if not RIG_NAME.match(value):
-            raise ValueError("use lower-case letters, digits, '.', '_' or '-' (at most 63)")
-        return value
+        return grammar.rig_name(value)
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(grammar.name(group, "group") for group in value)
+
+    @field_validator("pinset")
+    @classmethod
+    def _pinset(cls, value: str) -> str:
+        return grammar.name(value, "pin set")
 
     @field_validator("ssh_hostname")
     @classmethod
     def _host(cls, value: str) -> str:
-        try:
-            ip_address(value)
-        except ValueError:
-            if not HOSTNAME.match(value):
-                raise ValueError("must be an IP address or a DNS name") from None
+        return grammar.host(value)
+
+    @field_validator("ssh_user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        if value is not None and not grammar.POSIX_USER.match(value):
+            raise grammar.bad("not a user name", "use lower-case letters, digits, '_' and '-' (at most 32)")
         return value
 
     @field_validator("bind_address")
     @classmethod
     def _bind(cls, value: str) -> str:
-        ip_address(value)  # raises ValueError with a clear text
-        return value
+        return grammar.bind_address(value)
 
     @field_validator("model_dir", "cache_dir", "docker_data_root")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
-        if value is not None:
-            path = PurePosixPath(value)
-            if not path.is_absolute() or ".." in path.parts:
-                raise ValueError("must be an absolute path on the rig without '..'")
-        return value
+        return value if value is None else grammar.path(value)
 
     @field_validator("apt_proxy")
     @classmethod
     def _proxy(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s/]+(:\d+)?/?$", value):
-            raise ValueError("must look like http://HOST:PORT")
-        return value
+        return value if value is None else grammar.http_endpoint(value)
+
+    @field_validator("smoke_image")
+    @classmethod
+    def _smoke(cls, value: str) -> str:
+        return value if value == "local" else grammar.image_reference(value)
 
     @field_validator("engine_env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
             if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
+                raise grammar.bad(f"{key!r:.60} is not an environment variable name",
+                                  "use letters, digits and '_', not starting with a digit")
         return value
 
     @field_validator("registry")
     @classmethod
     def _registry(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^[A-Za-z0-9.-]+(:\d{1,5})?$", value):
-            raise ValueError("must be HOST[:PORT] of a Docker registry")
-        return value
+        return value if value is None else grammar.host_port(value)
 
 
 class ImageRef(Strict):
@@ -200,6 +221,16 @@ class ImageRef(Strict):
     digest: str | None = None
     # an image archive (`docker save` format) to load instead of pulling: for air-gapped fleets
     archive: str | None = None
+
+    @field_validator("repository")
+    @classmethod
+    def _repository(cls, value: str) -> str:
+        return grammar.image_repository(value)
+
+    @field_validator("tag", mode="before")
+    @classmethod
+    def _tag(cls, value: Any) -> Any:
+        return grammar.image_tag(value) if isinstance(value, str) else value
 
     @field_validator("digest")
     @classmethod
@@ -231,6 +262,23 @@ class GenesisPin(Strict):
     sha256: str | None = None  # for tarball sources
     known_good_vllm: tuple[str, ...] | None = None
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return grammar.source(value)
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$", value):
+            raise grammar.bad("not a version label", "write it as the release names it, e.g. v7.72.2")
+        return value
+
+    @field_validator("known_good_vllm")
+    @classmethod
+    def _known_good(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return value if value is None else tuple(grammar.pep440(v, "vLLM version") for v in value)
+
     @field_validator("commit")
     @classmethod
     def _commit(cls, value: str) -> str:
@@ -246,12 +294,19 @@ class OverlayFile(Strict):
     target: str
     sha256: str | None = None
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return grammar.source(value)
+
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
         path = PurePosixPath(value)
-        if path.is_absolute() or ".." in path.parts or not value.endswith(".py"):
-            raise ValueError("must be a .py path relative to the vllm package, without '..'")
+        if path.is_absolute() or ".." in path.parts or not value.endswith(".py") \
+                or not re.match(r"^[A-Za-z0-9_./-]+$", value):
+            raise grammar.bad("not a .py path relative to the vllm package",
+                              "write e.g. model_executor/layers/x.py (letters, digits, '_', '-', '/', no '..')")
         return value
 
     _check_sha = field_validator("sha256")(lambda v: _sha256(v))
@@ -259,15 +314,27 @@ class OverlayFile(Strict):
 
 class Overlay(Strict):
     name: str
-    pr: int | None = None
+    pr: int | None = Field(None, ge=1)
     files: tuple[OverlayFile, ...] = Field(min_length=1)
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return grammar.name(value, "overlay")
 
-class PackagePin(Strict):
+
+class _DebVersioned(Strict):
+    @field_validator("version", check_fields=False)
+    @classmethod
+    def _version(cls, value: str | None) -> str | None:
+        return value if value is None else grammar.deb_version(value)
+
+
+class PackagePin(_DebVersioned):
     version: str | None = None
 
 
-class DriverPin(Strict):
+class DriverPin(_DebVersioned):
     branch: int = Field(580, ge=450, le=999)
     version: str | None = None
 
@@ -306,12 +373,37 @@ class PinSet(Strict):
     variants: tuple[str, ...] = ()
     risks: tuple[Risk, ...] = ()
 
-    @field_validator("python_deps")
+    @field_validator("name")
     @classmethod
-    def _pinned(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, version in value.items():
-            if not re.match(r"^[0-9][0-9A-Za-z.+!-]*$", str(version)):
-                raise ValueError(f"{name}: give an exact version (got {version!r})")
+    def _name(cls, value: str) -> str:
+        return grammar.name(value, "pin set")
+
+    @field_validator("vllm_version")
+    @classmethod
+    def _vllm_version(cls, value: str) -> str:
+        return grammar.pep440(value, "vLLM version")
+
+    @field_validator("cuda")
+    @classmethod
+    def _cuda(cls, value: str) -> str:
+        if not re.match(r"^[0-9]{1,2}\.[0-9]{1,2}$", value):
+            raise grammar.bad("not a CUDA version", "write MAJOR.MINOR in quotes, e.g. \"13.0\"")
+        return value
+
+    @field_validator("pip_index_url")
+    @classmethod
+    def _index(cls, value: str | None) -> str | None:
+        return value if value is None else grammar.url(value, ("https", "http", "file"))
+
+    @field_validator("python_deps", mode="before")
+    @classmethod
+    def _pinned(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name, version in value.items():
+                if not isinstance(name, str) or not isinstance(version, str):
+                    raise grammar.bad(f"{name!r:.60}: give the version as a quoted string",
+                                      'write NAME: "1.2.3"')
+                grammar.python_requirement(name, version)
         return value
 
 
