@@ -16,7 +16,7 @@ import pyinfra
 
 from rigfleet import catalog, guard
 from rigfleet.errors import FLEET, InputError, Problem
-from rigfleet.loader import Fleet, load_fleet
+from rigfleet.loader import Fleet, load_fleet, pyinfra_name
 from rigfleet.paths import inventory_dir
 from rigfleet.render import Release
 from rigfleet.schema import PinSet, Rig, Variant
@@ -92,3 +92,13 @@ def pyinfra_host_data(loaded: Fleet, rig: Rig) -> dict[str, Any]:
     data["ssh_strict_host_key_checking"] = "yes"
     data |= loaded.pyinfra_data.get(rig.name, {})
     return data
+
+
+def pyinfra_groups(loaded: Fleet) -> dict[str, Any]:
+    """inventory.py's module-level names, as pyinfra's CLI reads them: `all` holds every rig with
+    its connection data; every inventory group is a list of rig names (so `--limit lab` works).
+    The loader refused reserved and clashing names, so no group can replace `all` or another."""
+    groups: dict[str, Any] = {"all": ([(rig.name, pyinfra_host_data(loaded, rig)) for rig in loaded.rigs], {})}
+    for group in sorted({g for rig in loaded.rigs for g in rig.groups}):
+        groups[pyinfra_name(group)] = [rig.name for rig in loaded.rigs if group in rig.groups]
+    return groups

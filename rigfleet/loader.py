@@ -135,6 +135,9 @@ def _walk(name: str, body: Any, depth: int, tree: _Tree, path: Path, chain: tupl
             if group not in tree.host_groups.setdefault(host, []):
                 tree.host_groups[host].append(group)
     for child, child_body in _mapping(body.get("children"), path, what=f"{name}.children").items():
+        if child in RESERVED_GROUPS:
+            raise InputError([Problem(FLEET, "hosts.yml group", child, "a reserved name in pyinfra's inventory",
+                                      "rename the group", str(path))])
         if child in chain:
             raise InputError([Problem(FLEET, f"{name}.children", child, "groups nest in a cycle",
                                       "remove the cycle", str(path))])
@@ -172,6 +175,7 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
                                   "nest groups under all: children:", str(hosts_file))])
     tree = _Tree()
     _walk("all", top["all"], 0, tree, hosts_file, ())
+    _refuse_clashing_names(tree, hosts_file)
     if not tree.host_groups:
         raise InputError([Problem(FLEET, "hosts", None, "the inventory has no rigs",
                                   "add rigs under all: children: <group>: hosts:", str(hosts_file))])
@@ -235,6 +239,38 @@ def _load_mirrors(inventory_dir: Path) -> tuple[MirrorMap, list[Problem]]:
 
     return MirrorMap(prefixes={k: local(v) for k, v in mirrors.prefixes.items()},
                      wheels=local(mirrors.wheels) if mirrors.wheels else None), []
+
+
+# pyinfra names: `all` carries every rig with its connection data; the CLI adds a group named
+# after the inventory file. A group of either name would replace or blur them.
+RESERVED_GROUPS = ("all", "inventory")
+
+
+def pyinfra_name(name: str) -> str:
+    """The name a group gets in pyinfra's inventory (a Python identifier: '-' becomes '_')."""
+    return name.replace("-", "_").replace(".", "_")
+
+
+def _refuse_clashing_names(tree: _Tree, path: Path) -> None:
+    """Group names become pyinfra group names: refuse reserved ones and two names (or a group and
+    a rig) that would become the same pyinfra name, which would merge them silently."""
+    problems = []
+    seen: dict[str, str] = {}
+    for kind, names in (("rig", sorted(tree.host_groups)), ("group", sorted(set(tree.groups) - {"all"}))):
+        for name in names:
+            if kind == "group" and name in RESERVED_GROUPS:
+                problems.append(Problem(FLEET, "hosts.yml group", name, "a reserved name in pyinfra's inventory",
+                                        "rename the group", str(path)))
+                continue
+            key = pyinfra_name(name)
+            if key in seen and seen[key] != name:
+                problems.append(Problem(FLEET, f"hosts.yml {kind}", name,
+                                        f"becomes the same pyinfra name as '{seen[key]}'",
+                                        "rename one of the two (names differing only in '-', '_' or '.' clash)",
+                                        str(path)))
+            seen.setdefault(key, name)
+    if problems:
+        raise InputError(problems)
 
 
 def _refuse_stray_vars(inventory_dir: Path, groups: set[str], hosts: set[str]) -> None:
