@@ -19,9 +19,14 @@ from rigfleet_sandbox.layout import CACHE_DIR, DISTROS, OPERATOR, RigSpec
 from rigfleet_sandbox.shell import Log, SandboxError, run
 
 # Bump when the customisation below changes so stale caches are rebuilt, not reused.
-ROOTFS_VERSION = 1
+ROOTFS_VERSION = 2
 MIRROR = "http://deb.debian.org/debian"
-INCLUDE = "openssh-server,python3,sudo,ca-certificates,gnupg,curl,systemd,systemd-sysv,dbus,iproute2"
+# linux-image-amd64: a real Debian rig has the distribution kernel's metapackage, which rigfleet
+# holds with the driver (the container boots the host's kernel; the package is only apt state)
+INCLUDE = (
+    "openssh-server,python3,sudo,ca-certificates,gnupg,curl,systemd,systemd-sysv,dbus,iproute2,"
+    "linux-image-amd64"
+)
 HOST_LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 _TAR_FLAGS = ["--numeric-owner", "--xattrs", "--xattrs-include=*"]
 
