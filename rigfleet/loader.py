@@ -328,6 +328,10 @@ def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, 
     value = error.get("input")
     kind = error["type"]
     source = sources.get(top)
+    if top in SECRET_FIELDS:
+        # whatever the shape (a string, a list, {value: S}, {env: X, file: S}), print no value
+        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
+                       f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
     if kind == "extra_forbidden":
         known = [name for name in model.model_fields if name not in ("name", "groups")]
         guess = closest(top, known) if len(loc) == 1 else None
@@ -336,10 +340,8 @@ def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, 
     if kind == "missing":
         return Problem(owner, field_name, None, "required but not set",
                        f"set {field_name} in group_vars/all.yml or host_vars/{owner}.yml", source)
-    if top in SECRET_FIELDS:
-        # whatever the shape (a string, a list, {value: S}, {env: X, file: S}), print no value
-        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
-                       f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
+    if top == "engine_env" and isinstance(value, dict):
+        value = sorted(value)  # the names only: a value there may be a secret given inline
     message = error["msg"].removeprefix("Value error, ")
     if kind == "literal_error":
         return Problem(owner, field_name, value, message, "use one of the listed values", source)

@@ -19,6 +19,8 @@ SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 FINGERPRINT = re.compile(r"^[0-9A-F]{40}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# engine_env names that carry secrets: they belong in the 0600 env file, by reference
+SECRET_ENV_NAME = re.compile(r"^(HF_.*|HUGGING_FACE_HUB_TOKEN|.*_API_KEY|.*_TOKEN|.*SECRET.*|.*PASSWORD.*)$", re.I)
 HOSTNAME = grammar.HOSTNAME
 RIG_NAME = grammar.RIG_NAME
 
@@ -207,6 +209,10 @@ class Rig(Strict):
             if not ENV_NAME.match(key):
                 raise grammar.bad(f"{key!r:.60} is not an environment variable name",
                                   "use letters, digits and '_', not starting with a digit")
+            if SECRET_ENV_NAME.match(key):
+                raise grammar.bad(f"{key} looks like a secret and would land in compose.yaml in clear",
+                                  "remove it from engine_env; give the API key as api_key: {env: NAME} or "
+                                  "{file: /path} and the hub token as hf_token: {env: NAME} (the 0600 env file)")
         return value
 
     @field_validator("registry")

@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import shlex
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,29 @@ class SecretSource:
         if not value or "\n" in value or "\r" in value:
             raise SecretError(f"{self.field}: the secret must be one non-empty line")
         return value
+
+
+class SecretStdin:
+    """A secret as an op's `_stdin`, read from its source only when pyinfra writes it to the rig.
+
+    pyinfra keeps an op's global arguments and prints them (`--debug-operations`, `--json`), via
+    repr/to_json for objects it does not know; a str (or a StringIO) there is printed verbatim.
+    This object is printed as its reference only, and pyinfra's write_stdin calls readlines()."""
+
+    def __init__(self, source: SecretSource):
+        self.source = source
+
+    def readlines(self) -> list[str]:
+        return [self.source.read() + "\n"]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.readlines())
+
+    def __repr__(self) -> str:
+        origin = f"env {self.source.env}" if self.source.env else f"file {self.source.path}"
+        return f"<secret {self.source.field} from {origin}>"
+
+    to_json = __repr__
 
 
 @dataclass(frozen=True, repr=False, eq=False)

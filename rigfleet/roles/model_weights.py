@@ -10,7 +10,6 @@ the role adds no operation at all.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pyinfra import host
@@ -23,6 +22,7 @@ from rigfleet import catalog
 from rigfleet.context import RigContext
 from rigfleet.facts.weights import WeightsState
 from rigfleet.operations import weights
+from rigfleet.operations.serving import SecretError, SecretSource, SecretStdin
 from rigfleet.schema import SecretRef
 
 
@@ -30,17 +30,21 @@ def weights_spec(ctx: RigContext) -> dict[str, Any]:
     return dict(catalog.models()[ctx.variant.model]["weights"][ctx.variant.weights])
 
 
+def hub_token_source(ctx: RigContext, ref: SecretRef) -> SecretSource:
+    path = ctx.fleet.path(ref.file)
+    return SecretSource("hf_token", env=ref.env, path=str(path) if path else None)
+
+
 def read_secret(ctx: RigContext, ref: SecretRef) -> tuple[str | None, str | None]:
     """(value, None) or (None, why not): a missing secret fails this rig, not the whole run."""
-    if ref.env:
-        value = os.environ.get(ref.env)
-        return (value.strip(), None) if value else (None, f"hf_token: environment variable {ref.env} is not set "
-                                                           "on the control machine")
-    path = ctx.fleet.path(ref.file)
     try:
-        return path.read_text(encoding="utf-8").strip(), None  # type: ignore[union-attr]
-    except OSError as exc:
-        return None, f"hf_token: cannot read {path} on the control machine ({exc.strerror})"
+        return hub_token_source(ctx, ref).read(), None
+    except SecretError as exc:
+        return None, f"{exc} on the control machine" if "control machine" not in str(exc) else str(exc)
+
+
+def hub_token_stdin(ctx: RigContext, ref: SecretRef) -> SecretStdin:
+    return SecretStdin(hub_token_source(ctx, ref))
 
 
 @deploy("model_weights")
@@ -68,12 +72,15 @@ def model_weights(ctx: RigContext) -> None:
         weights.mirror_weights(name=f"Weights {subdir} from {mirror}", dest=dest, url=mirror,
                                model_dir=rig.model_dir, subdir=subdir)
     else:
-        token, error = read_secret(ctx, rig.hf_token) if rig.hf_token else (None, None)
+        # the token is checked here (a missing one fails this rig with the reason) but travels as a
+        # reference: pyinfra prints an op's _stdin with --debug-operations
+        error = read_secret(ctx, rig.hf_token)[1] if rig.hf_token else None
+        token = hub_token_stdin(ctx, rig.hf_token) if rig.hf_token and not error else None
         revision = str(spec.get("revision") or "main")
         files.put(name="Hub fetch helper", src=str(weights.HUB_HELPER), dest=weights.HUB_HELPER_ON_RIG, mode="0755")
         weights.hub_weights(name=f"Weights {subdir} from the hub ({spec['hf_repo']})", dest=dest,
                             repo=spec["hf_repo"], revision=revision, model_dir=rig.model_dir, subdir=subdir,
-                            token_error=error, _stdin=f"{token or ''}\n")
+                            token_error=error, _stdin=token or "\n")
 
     if variant.chat_template:
         weights.chat_template_placed(

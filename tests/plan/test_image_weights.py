@@ -303,9 +303,27 @@ def test_hub_token_goes_on_stdin_only(monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = make_ctx(weights_source={}, hf_token={"env": "RIGFLEET_TEST_HF"})
     steps = plan(model_weights, ctx, weights_facts({}, {}))
     hub = next(s for s in steps if "from the hub" in s.name)
-    assert hub.stdin == f"{token}\n"
+    assert hub.stdin.readlines() == [f"{token}\n"]  # what pyinfra's write_stdin sends at execute time
     assert all(token not in s.text and token not in s.name for s in steps)
     assert "--token-stdin" in hub.text and "Lorbus/Qwen3.6-27B-int4-AutoRound" in hub.text
+
+
+def test_hub_token_is_not_in_pyinfra_debug_operations_output(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """`pyinfra ... --debug-operations` and `--json` print every op's global arguments (finding 5:
+    the token was in `_stdin`); the printers are pyinfra's own."""
+    from pyinfra_cli.prints import print_state_operations, print_state_operations_json
+
+    token = "hf_SECRETsecretSECRET"
+    monkeypatch.setenv("RIGFLEET_TEST_HF", token)
+    ctx = make_ctx(weights_source={}, hf_token={"env": "RIGFLEET_TEST_HF"})
+    state, _ = fake_state(weights_facts({}, {}))
+    add_deploy(state, model_weights, ctx)
+    print_state_operations(state)
+    print_state_operations_json(state)
+    out = capsys.readouterr()
+    assert "<secret hf_token from env RIGFLEET_TEST_HF>" in out.err + out.out
+    assert token not in out.err + out.out
 
 
 def test_hub_token_missing_fails_that_rig_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
