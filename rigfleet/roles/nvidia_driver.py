@@ -27,7 +27,15 @@ CUDA_KEYRING = "/etc/apt/keyrings/rigfleet-cuda.gpg"
 NOUVEAU_CONF = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
 ARCHIVE_COMPONENTS = "/etc/apt/sources.list.d/rigfleet-debian-components.sources"
 # driver packages held through these globs (dependencies the metapackages pulled in)
-DEBIAN_HOLD = ["nvidia-*", "libnvidia-*", "libcuda*", "libnvcuvid*", "libnvoptix*", "cuda-drivers*"]
+DEBIAN_HOLD = [
+    "nvidia-*",
+    "libnvidia-*",
+    "libcuda*",
+    "libnvcuvid*",
+    "libnvoptix*",
+    "cuda-drivers*",
+    "firmware-nvidia-*",  # the open module's GSP firmware, versioned with the driver
+]
 # the toolkit is held by its own role; kernel-ABI module packages must follow the kernel
 HOLD_EXCLUDE = [
     "nvidia-container-*",

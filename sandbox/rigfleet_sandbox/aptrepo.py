@@ -27,12 +27,16 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 DRIVER_BRANCH = "580"
 DRIVER_VERSIONS = ("580.95.05", "580.105.08")  # upstream versions; packages get a "-1" revision
@@ -62,6 +66,9 @@ class Package:
     summary: str
     arch: str = "amd64"
     depends: list[str] = field(default_factory=list)
+    pre_depends: list[str] = field(default_factory=list)
+    recommends: list[str] = field(default_factory=list)
+    breaks: list[str] = field(default_factory=list)
     provides: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
     replaces: list[str] = field(default_factory=list)
@@ -103,20 +110,92 @@ def _doc(pkg: str, what: str) -> tuple[str, tuple[bytes, int]]:
 
 
 def _pin_file(pattern: str) -> bytes:
+    # every versioned driver package, the Debian-shaped ones too: apt does not pick an older
+    # version of a dependency by itself, so a version lock must cover all of them
+    names = " ".join(
+        ["nvidia-open", "nvidia-kernel-open-dkms", "nvidia-kernel-dkms", "nvidia-driver-cuda", "cuda-drivers",
+         f"cuda-drivers-{DRIVER_BRANCH}", *DEBIAN_SHAPED]
+    )
     return (
         "# SIMULATED (rigfleet sandbox): stand-in for NVIDIA's driver version-lock package.\n"
-        "Package: nvidia-open nvidia-kernel-open-dkms nvidia-kernel-dkms nvidia-driver-cuda "
-        f"cuda-drivers cuda-drivers-{DRIVER_BRANCH}\n"
+        f"Package: {names}\n"
         f"Pin: version {pattern}\n"
         "Pin-Priority: 1000\n"
     ).encode()
 
 
-def packages() -> list[Package]:
-    """Every stand-in package, both driver versions and the toolkit."""
+UPSTREAM_FIELDS = Path(__file__).resolve().parent / "upstream_fields.yaml"
+SUITES = ("bookworm", "trixie")
+RELATIONS = {
+    "Depends": "depends",
+    "Pre-Depends": "pre_depends",
+    "Recommends": "recommends",
+    "Conflicts": "conflicts",
+    "Breaks": "breaks",
+    "Provides": "provides",
+    "Replaces": "replaces",
+}
+# Debian's driver stack below the metapackages: stand-ins with the real packages' relations
+DEBIAN_SHAPED = {
+    "firmware-nvidia-gsp": "GSP firmware for the open kernel module",
+    "nvidia-alternative": "update-alternatives glue for the driver files",
+    "nvidia-kernel-support": "kernel module support files (proprietary flavour)",
+    "nvidia-open-kernel-support": "kernel module support files (open flavour)",
+    "nvidia-modprobe": "setuid helper that loads the module and creates /dev/nvidia*",
+}
+
+
+# relations the stand-ins add to the real ones, and why: both module flavours ship the same
+# simulated module record, so dpkg must swap them rather than refuse the file
+SANDBOX_EXTRA = {
+    "nvidia-kernel-open-dkms": {"conflicts", "replaces"},
+    "nvidia-kernel-dkms": {"conflicts", "replaces"},
+}
+
+
+def upstream_fields() -> dict[str, Any]:
+    with open(UPSTREAM_FIELDS, encoding="utf-8") as fh:
+        return dict(yaml.safe_load(fh))
+
+
+def split_relations(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def standin_fields(name: str, suite: str, upstream: str) -> dict[str, list[str]]:
+    """The real Debian package's relations for `suite`, at the stand-in's driver version."""
+    real = upstream_fields()["debian"][name][suite]
+    real_deb = str(real["Version"])
+    real_upstream = real_deb.split("-")[0]
+    real_branch, branch = real_upstream.split(".")[0], upstream.split(".")[0]
+    out: dict[str, list[str]] = {}
+    for key, attr in RELATIONS.items():
+        if key not in real:
+            continue
+        text = str(real[key]).replace(real_deb, f"{upstream}-{REVISION}").replace(real_upstream, upstream)
+        text = re.sub(rf"\(>= {real_branch}\)", f"(>= {branch})", text)
+        out[attr] = split_relations(text)
+    return out
+
+
+def packages(suite: str = "trixie") -> list[Package]:
+    """Every stand-in package, both driver versions and the toolkit, shaped for one Debian suite."""
+    if suite not in SUITES:
+        raise ValueError(f"no stand-ins for suite {suite!r}; choose one of {', '.join(SUITES)}")
     pkgs: list[Package] = []
     for upstream in DRIVER_VERSIONS:
         v = f"{upstream}-{REVISION}"
+        for name, what in DEBIAN_SHAPED.items():
+            pkgs.append(
+                Package(
+                    name,
+                    v,
+                    "cuda",
+                    f"NVIDIA driver: {what} (SIMULATED)",
+                    files=dict([_doc(name, f"Empty stand-in for {what}; relations as Debian's package.")]),
+                    **standin_fields(name, suite, upstream),  # type: ignore[arg-type]
+                )
+            )
         branch_pin = f"nvidia-driver-pinning-{DRIVER_BRANCH}"
         exact_pin = f"nvidia-driver-pinning-{upstream}"
         for name, pattern, what in (
@@ -145,13 +224,18 @@ def packages() -> list[Package]:
             ("proprietary", "nvidia-kernel-dkms", "nvidia-kernel-open-dkms"),
         ):
             conf = f"VERSION={upstream}\nFLAVOR={flavor}\nBUILT=Tue Dec  2 00:00:00 UTC 2025\n".encode()
+            real = standin_fields(name, suite, upstream)
             pkgs.append(
                 Package(
                     name,
                     v,
                     "cuda",
                     f"NVIDIA kernel module, {flavor} flavour (SIMULATED)",
-                    provides=[f"nvidia-kernel-dkms-any (= {v})"],
+                    depends=real["depends"],
+                    pre_depends=real["pre_depends"],
+                    recommends=real.get("recommends", []),
+                    provides=real["provides"],
+                    # sandbox-only: both flavours ship the simulated module record (SANDBOX_EXTRA)
                     conflicts=[other],
                     replaces=[other],
                     files=dict(
@@ -376,7 +460,10 @@ def _control(p: Package) -> str:
         f"Installed-Size: {max(size_kib, 1)}",
     ]
     for key, values in (
+        ("Pre-Depends", p.pre_depends),
         ("Depends", p.depends),
+        ("Recommends", p.recommends),
+        ("Breaks", p.breaks),
         ("Provides", p.provides),
         ("Conflicts", p.conflicts),
         ("Replaces", p.replaces),
@@ -565,9 +652,10 @@ def ensure_keys(key_dir: Path = DEFAULT_KEY_DIR) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------- main
 
 
-def _inputs_digest(fprs: dict[str, str], base_url: str) -> str:
+def _inputs_digest(fprs: dict[str, str], base_url: str, suite: str) -> str:
     h = hashlib.sha256()
     h.update(Path(__file__).read_bytes())
+    h.update(UPSTREAM_FIELDS.read_bytes() + suite.encode())
     for path in sorted(ASSETS.rglob("*")):
         if path.is_file():
             h.update(str(path.relative_to(ASSETS)).encode() + b"\0" + path.read_bytes())
@@ -590,7 +678,9 @@ def _result(fprs: dict[str, str], base_url: str) -> dict:
     }
 
 
-def build_apt_repo(www: Path, *, key_dir: Path | None = None, base_url: str = HOST_URL) -> dict:
+def build_apt_repo(
+    www: Path, *, key_dir: Path | None = None, base_url: str = HOST_URL, suite: str = "trixie"
+) -> dict:
     """Build (or reuse) the SIMULATED NVIDIA repositories under ``www/nvidia/``.
 
     Idempotent: when the packages' inputs, keys and URL are unchanged the existing repositories
@@ -601,7 +691,7 @@ def build_apt_repo(www: Path, *, key_dir: Path | None = None, base_url: str = HO
     base_url = base_url if base_url.endswith("/") else base_url + "/"
     www = Path(www)
     fprs = ensure_keys(key_dir)
-    digest = _inputs_digest(fprs, base_url)
+    digest = _inputs_digest(fprs, base_url, suite)
     target = www / "nvidia"
     stamp = target / ".rigfleet-build.json"
     result = _result(fprs, base_url)
@@ -616,7 +706,7 @@ def build_apt_repo(www: Path, *, key_dir: Path | None = None, base_url: str = HO
             return result
         stage = Path(tempfile.mkdtemp(prefix=".nvidia-build-", dir=www))
         try:
-            _build_into(stage, key_dir, fprs)
+            _build_into(stage, key_dir, fprs, suite)
             (stage / ".rigfleet-build.json").write_text(
                 json.dumps({"digest": digest, "result": result}, indent=1), encoding="utf-8"
             )
@@ -639,12 +729,12 @@ def build_apt_repo(www: Path, *, key_dir: Path | None = None, base_url: str = HO
     return result
 
 
-def _build_into(stage: Path, key_dir: Path, fprs: dict[str, str]) -> None:
+def _build_into(stage: Path, key_dir: Path, fprs: dict[str, str], suite: str) -> None:
     work = stage / ".work"
     by_repo: dict[str, list[tuple[Package, Path]]] = {r: [] for r in REPOS}
     for repo in REPOS:
         (stage / repo).mkdir()
-    for p in packages():
+    for p in packages(suite):
         by_repo[p.repo].append((p, _build_deb(p, work, stage / p.repo)))
     shutil.rmtree(work)
     for repo, (_var, label) in REPOS.items():

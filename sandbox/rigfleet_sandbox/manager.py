@@ -250,13 +250,14 @@ def ssh_command(inv: Path, address: str, user: str = "rigop") -> list[str]:
     ]
 
 
-def _run_hooks(tarball: Path, log: Log) -> dict[str, Any]:
+def _run_hooks(tarball: Path, distro: str, log: Log) -> dict[str, Any]:
     """Let the simulated-repo modules fill www; each returns inventory values."""
     results: dict[str, Any] = {}
     hooks = (
         ("rigfleet_sandbox.aptrepo", "build_apt_repo", (WWW_DIR,)),
         ("rigfleet_sandbox.engine", "build_engine_artifacts", (WWW_DIR, tarball)),
     )
+    kwargs = {"build_apt_repo": {"suite": distro}}  # stand-ins shaped like this suite's packages
     for module, func, args in hooks:
         try:
             mod = __import__(module, fromlist=[func])
@@ -270,7 +271,7 @@ def _run_hooks(tarball: Path, log: Log) -> dict[str, Any]:
             log(f"warning: {module} has no {func} yet; skipping it")
             continue
         started = time.monotonic()
-        results[func] = hook(*args) or {}
+        results[func] = hook(*args, **kwargs.get(func, {})) or {}
         log(f"{func}: done in {time.monotonic() - started:.1f}s")
     return results
 
@@ -345,7 +346,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
                 "after systemd-nspawn started"
             )
 
-        hooks = _run_hooks(tarball, log)
+        hooks = _run_hooks(tarball, distro, log)
         group_vars: dict[str, Any] = {}
         pinsets: dict[str, Any] = {}
         for result in hooks.values():

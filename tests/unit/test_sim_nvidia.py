@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet_sandbox import aptrepo
+from rigfleet_sandbox import aptrepo, debindex
 
 OLD, NEW = aptrepo.DRIVER_VERSIONS
 IS_ROOT = os.geteuid() == 0
@@ -441,7 +441,7 @@ INSTALL_SCRIPT = """
 set -eu
 export DEBIAN_FRONTEND=noninteractive
 # Only the simulated repos, fetched directly even if the root is set up for the sandbox's proxy.
-A="apt-get -q -y -o Dir::Etc::SourceList=/dev/null -o Acquire::http::Proxy::127.0.0.1=DIRECT"
+A="apt-get -q -y -o Dir::Etc::SourceList=/dev/null -o Acquire::http::Proxy=DIRECT"
 mkdir -p /etc/apt/keyrings
 gpg --dearmor < /probe/cuda.asc > /etc/apt/keyrings/cuda.gpg
 gpg --dearmor < /probe/toolkit.asc > /etc/apt/keyrings/toolkit.gpg
@@ -449,12 +449,16 @@ echo "deb [signed-by=/etc/apt/keyrings/cuda.gpg] http://127.0.0.1:PORT/nvidia/cu
     > /etc/apt/sources.list.d/cuda.list
 echo "deb [signed-by=/etc/apt/keyrings/toolkit.gpg] http://127.0.0.1:PORT/nvidia/toolkit/ /" \\
     > /etc/apt/sources.list.d/toolkit.list
+# the stand-ins depend on the real Debian packages they are shaped after (contrib, non-free)
+echo "deb MIRROR SUITE main contrib non-free non-free-firmware" > /etc/apt/sources.list.d/debian-real.list
 $A update 2>&1 | tee /probe/update.log
 if grep -E '^(W|E):' /probe/update.log; then exit 3; fi
 $A install nvidia-driver-pinning-580
-$A install nvidia-open=OLD-1 nvidia-kernel-open-dkms=OLD-1 nvidia-driver-cuda=OLD-1
+$A install nvidia-open=OLD-1 nvidia-kernel-open-dkms=OLD-1 nvidia-driver-cuda=OLD-1 \
+    firmware-nvidia-gsp=OLD-1 nvidia-open-kernel-support=OLD-1 nvidia-alternative=OLD-1 nvidia-modprobe=OLD-1
 nvidia-smi --query-gpu=driver_version --format=csv,noheader > /probe/fresh.out
-$A install nvidia-open=NEW-1 nvidia-kernel-open-dkms=NEW-1 nvidia-driver-cuda=NEW-1
+$A install nvidia-open=NEW-1 nvidia-kernel-open-dkms=NEW-1 nvidia-driver-cuda=NEW-1 \
+    firmware-nvidia-gsp=NEW-1 nvidia-open-kernel-support=NEW-1 nvidia-alternative=NEW-1 nvidia-modprobe=NEW-1
 set +e; nvidia-smi -L > /probe/mismatch.out; echo $? > /probe/mismatch.rc; set -e
 rm -rf /run/nvidia-sim; /usr/sbin/nvidia-sim-modprobe 2>/dev/null  # what the boot unit does after a reboot
 nvidia-smi --query-gpu=driver_version --format=csv,noheader > /probe/rebooted.out
@@ -462,6 +466,7 @@ $A install nvidia-container-toolkit=TK nvidia-container-toolkit-base=TK libnvidi
     libnvidia-container1=TK
 nvidia-ctk runtime configure --runtime=docker
 $A purge nvidia-open nvidia-kernel-open-dkms nvidia-driver-cuda nvidia-driver-pinning-580 \
+    firmware-nvidia-gsp nvidia-open-kernel-support nvidia-alternative nvidia-modprobe \
     nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1
 dpkg-query -W -f '${Package} ${Status}\\n' | grep -E 'nvidia|cuda' | grep -v not-installed \\
     > /probe/left.out || true
@@ -477,7 +482,9 @@ def test_packages_install_upgrade_purge_with_real_apt(
 ) -> None:
     if tarball is None:
         pytest.skip("no cached sandbox root under /var/cache/rigfleet (made by `rigfleet sandbox up`)")
-    www, _result = built_repo
+    suite = tarball.name.split("-")[1]  # rootfs-<suite>-v<N>.tar.gz
+    www = tmp_path / "www"
+    aptrepo.build_apt_repo(www, key_dir=built_repo[0].parent / "keys", suite=suite)
     root = tmp_path / "root"
     root.mkdir()
     subprocess.run(["tar", "-xzf", str(tarball), "-C", str(root)], check=True)
@@ -491,6 +498,8 @@ def test_packages_install_upgrade_purge_with_real_apt(
             .replace("OLD", OLD)
             .replace("NEW", NEW)
             .replace("TK", "1.18.0-1")
+            .replace("MIRROR", debindex.debian_mirror())
+            .replace("SUITE", suite)
         )
         # A private mount namespace: the /proc and /dev mounts vanish with it, even if killed.
         mounts = 'mount --bind /proc "$1/proc" && mount --bind /dev "$1/dev" && exec chroot "$1" sh -c "$2"'
@@ -511,7 +520,9 @@ def test_packages_install_upgrade_purge_with_real_apt(
     assert "Driver/library version mismatch" in results["mismatch.out"]
     assert results["rebooted.out"] == f"{NEW}\n{NEW}\n"
     assert daemon["runtimes"]["nvidia"]["path"] == "nvidia-container-runtime"
-    assert results["left.out"] == ""  # purged: not even config-files state
+    standins = {p.name for p in aptrepo.packages(suite)}
+    left = [line for line in results["left.out"].splitlines() if line.split()[0] in standins]
+    assert left == []  # purged: not even config-files state
     assert results["units.out"] == ""
     assert not pins
 
