@@ -13,6 +13,7 @@ MTP acceptance length drops (or sits at a suspicious 100%).
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import string
@@ -29,6 +30,12 @@ DEFAULTS: dict[str, Any] = {
     "soak_turns": 3,
     "unhealthy_grace_s": 30,  # /health answering an error this long (while the API is up) fails the gate
     "request_timeout_s": 180,  # one request, cold JIT included
+    "stress_needle_tokens": [10_000, 60_000, 120_000],
+    "limit_probe_tokens": None,  # default: 90 % of max_model_len
+    "soak_long_sessions": 20,  # club-3090 soak: 20 sessions x 5 turns
+    "soak_long_turns": 5,
+    "vram_growth_max_mib": 200,
+    "retention_min": 0.98,
 }
 
 BANG_RUN = 8  # "!!!!!!!!" never appears in a sane answer
@@ -396,3 +403,228 @@ def check_acceptance(before: dict[str, float], after: dict[str, float], minimum:
     if rate is not None and rate >= 0.999 and drafts >= SUSPICIOUS_RATE_MIN_DRAFTS:
         return Check("mtp_acceptance", False, f"{detail}: a 100% acceptance is the broken spec-verify signature")
     return Check("mtp_acceptance", True, detail)
+
+
+# --- streaming and tool calls (verify full) ----------------------------------------------------
+
+STREAM_PROMPT = "Write two sentences about a lighthouse keeper."
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
+TOOL_PROMPT = "What is the weather in Paris right now? Use the tool."
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
+                                            "boolean": (bool,), "array": (list,), "object": (dict,)}
+
+
+def parse_sse(raw: str) -> tuple[list[dict[str, Any]], list[str], bool]:
+    """(events, problems, saw [DONE]) of a text/event-stream body."""
+    events: list[dict[str, Any]] = []
+    problems: list[str] = []
+    done = False
+    for line in raw.splitlines():
+        if not line.strip() or line.startswith(":"):
+            continue
+        if not line.startswith("data:"):
+            problems.append(f"not an SSE data line: {line[:60]!r}")
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            continue
+        if done:
+            problems.append("an event after data: [DONE]")
+        try:
+            value = json.loads(data)
+        except ValueError:
+            problems.append(f"an event that is not JSON: {data[:60]!r}")
+            continue
+        if isinstance(value, dict):
+            events.append(value)
+        else:
+            problems.append(f"an event that is not a JSON object: {data[:60]!r}")
+    return events, problems, done
+
+
+def _deltas(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Any]]:
+    out = []
+    for event in events:
+        for choice in event.get("choices") or []:
+            if isinstance(choice, dict):
+                out.append((choice.get("delta") or {}, choice.get("finish_reason")))
+    return out
+
+
+def check_streaming(status: int, raw: Any) -> Check:
+    """Well-formed SSE, ending in [DONE], with content, and no empty deltas after the last content."""
+    if status != 200:
+        return Check("streaming", False, f"HTTP {status}: {str(raw)[:160]}")
+    events, problems, done = parse_sse(raw if isinstance(raw, str) else json.dumps(raw))
+    if problems:
+        return Check("streaming", False, f"{problems[0]} ({len(problems)} problem(s))")
+    if not done:
+        return Check("streaming", False, f"the stream ended without data: [DONE] after {len(events)} events")
+    deltas = _deltas(events)
+    text = "".join(str(d.get("content") or "") for d, _ in deltas)
+    if not text.strip():
+        return Check("streaming", False, f"{len(events)} events and no content")
+    last_content = max(i for i, (d, _) in enumerate(deltas) if d.get("content"))
+    trailing = [d for d, finish in deltas[last_content + 1:] if not finish and "content" in d and not d["content"]]
+    if trailing:
+        return Check("streaming", False, f"{len(trailing)} empty content delta(s) after the last content")
+    bad = degenerate(text)
+    if bad:
+        return Check("streaming", False, f"streamed text: {bad}")
+    return Check("streaming", True, f"{len(events)} events, {len(_WORD.findall(text))} words, [DONE]")
+
+
+def schema_problem(args: Any, schema: dict[str, Any]) -> str | None:
+    """The first way `args` breaks a flat JSON schema (required keys, types, enums), or None."""
+    if not isinstance(args, dict):
+        return f"arguments are {type(args).__name__}, not an object"
+    props = schema.get("properties") or {}
+    for key in schema.get("required") or []:
+        if key not in args:
+            return f"required argument {key!r} missing"
+    for key, value in args.items():
+        spec = props.get(key)
+        if spec is None:
+            continue
+        kinds = _JSON_TYPES.get(str(spec.get("type")), (object,))
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            return f"argument {key!r} is {type(value).__name__}, the schema says {spec.get('type')}"
+        if spec.get("enum") and value not in spec["enum"]:
+            return f"argument {key!r}={value!r} is not one of {spec['enum']}"
+    return None
+
+
+def _tool_verdict(name: str, calls: list[tuple[str, str]], tool: dict[str, Any]) -> Check:
+    want = tool["function"]["name"]
+    if not calls:
+        return Check(name, False, "no tool call in the reply")
+    called, raw_args = calls[0]
+    if called != want:
+        return Check(name, False, f"called {called!r}, expected {want!r}")
+    try:
+        args = json.loads(raw_args)
+    except ValueError:
+        return Check(name, False, f"arguments are not JSON: {raw_args[:80]!r}")
+    problem = schema_problem(args, tool["function"].get("parameters") or {})
+    if problem:
+        return Check(name, False, problem)
+    return Check(name, True, f"{called}({raw_args[:60]})")
+
+
+def check_tool_call(status: int, body: Any, tool: dict[str, Any] = TOOL) -> Check:
+    if status != 200:
+        return Check("tool_call", False, f"HTTP {status}: {str(body)[:160]}")
+    try:
+        raw = body["choices"][0]["message"].get("tool_calls") or []
+        calls = [(str(c["function"]["name"]), str(c["function"].get("arguments") or "")) for c in raw]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        calls = []
+    return _tool_verdict("tool_call", calls, tool)
+
+
+def check_tool_stream(status: int, raw: Any, tool: dict[str, Any] = TOOL) -> Check:
+    """A streamed tool call: name and argument fragments joined per index, then the same verdict."""
+    if status != 200:
+        return Check("tool_call_stream", False, f"HTTP {status}: {str(raw)[:160]}")
+    events, problems, done = parse_sse(raw if isinstance(raw, str) else "")
+    if problems or not done:
+        return Check("tool_call_stream", False, problems[0] if problems else "the stream ended without [DONE]")
+    names: dict[int, str] = {}
+    args: dict[int, str] = {}
+    for delta, _ in _deltas(events):
+        for call in delta.get("tool_calls") or []:
+            index = int(call.get("index", 0))
+            function = call.get("function") or {}
+            names[index] = names.get(index, "") + str(function.get("name") or "")
+            args[index] = args.get(index, "") + str(function.get("arguments") or "")
+    calls = [(names[i], args.get(i, "")) for i in sorted(names)]
+    return _tool_verdict("tool_call_stream", calls, tool)
+
+
+# --- degeneracy, stress and soak (verify full/stress/soak) -------------------------------------
+
+DEGENERACY_PROMPTS = [
+    LONG_PROMPT,
+    "Write a story of about 300 words about a lighthouse keeper and a storm.",
+    "Explain in detail how a refrigerator works, in about 250 words.",
+]
+NEEDLE_DEPTHS = (0.1, 0.5, 0.9)
+CACHE_GUARD_SHARE = 0.5  # a salted needle prompt must not be answered mostly from the prefix cache
+VRAM_GROWTH_MAX_MIB = 200  # club-3090 soak: VRAM growth <= 200 MiB
+RETENTION_MIN = 0.98  # club-3090 soak: throughput retention >= 98 %
+RETENTION_MIN_WINDOW_S = 2.0  # shorter windows are all latency noise: reported, not judged
+
+
+def check_degeneracy(replies: list[tuple[int, Any]]) -> Check:
+    """Long outputs: no `!` flood, no repetition, enough lexical variety, none silently empty."""
+    for index, (status, body) in enumerate(replies):
+        if status != 200:
+            return Check("degeneracy", False, f"prompt {index + 1}: HTTP {status}")
+        if silent_empty(status, body):
+            return Check("degeneracy", False, f"prompt {index + 1}: silent-empty reply")
+        bad = degenerate(reply_text(body))
+        if bad:
+            return Check("degeneracy", False, f"prompt {index + 1}: {bad}")
+    if not replies:
+        return Check("degeneracy", False, "no long output completed in time")
+    return Check("degeneracy", True, f"{len(replies)} long outputs, no flood, repetition or low variety")
+
+
+def check_cache_guard(name: str, prompt_tokens: int, hit_tokens: float) -> Check | None:
+    """A failed check when the prefix cache answered a salted prompt (the needle proved nothing)."""
+    if prompt_tokens and hit_tokens > CACHE_GUARD_SHARE * prompt_tokens:
+        return Check(name, False, f"{int(hit_tokens)} of {prompt_tokens} prompt tokens came from the prefix "
+                     "cache: the salt did not reach the engine, the recall proves nothing")
+    return None
+
+
+def check_limit(status: int, body: Any, tokens: int, health_after: int) -> Check:
+    """One prompt near the planned max context: answered, and the engine still healthy after it."""
+    if status == 0:
+        return Check("limit_probe", False, f"no answer at {tokens} prompt tokens: {str(body)[:120]}")
+    if status != 200:
+        return Check("limit_probe", False, f"HTTP {status} at {tokens} prompt tokens: {str(body)[:160]}")
+    if health_after != 200:
+        return Check("limit_probe", False, f"/health HTTP {health_after} after a {tokens}-token prompt")
+    if silent_empty(status, body):
+        return Check("limit_probe", False, f"silent-empty reply at {tokens} prompt tokens")
+    used = (body.get("usage") or {}).get("prompt_tokens") if isinstance(body, dict) else None
+    return Check("limit_probe", True, f"answered at {used or tokens} prompt tokens, healthy after")
+
+
+def check_vram_growth(before_mib: int | None, after_mib: int | None,
+                      maximum: int = VRAM_GROWTH_MAX_MIB) -> Check:
+    if before_mib is None or after_mib is None:
+        return Check("vram_growth", False, "nvidia-smi did not report memory.used", warning=True)
+    grown = after_mib - before_mib
+    detail = f"{before_mib} -> {after_mib} MiB ({grown:+d} MiB)"
+    if grown > maximum:
+        return Check("vram_growth", False, f"{detail}, more than {maximum} MiB")
+    return Check("vram_growth", True, detail)
+
+
+def check_retention(first: tuple[int, float], last: tuple[int, float], minimum: float = RETENTION_MIN) -> Check:
+    """Tokens/s of the soak's last window against its first ((tokens, seconds) each)."""
+    (t1, s1), (t2, s2) = first, last
+    if s1 <= 0 or s2 <= 0 or t1 <= 0:
+        return Check("throughput_retention", False, "no tokens in a soak window")
+    first_rate, last_rate = t1 / s1, t2 / s2
+    retention = last_rate / first_rate
+    detail = f"{first_rate:.1f} -> {last_rate:.1f} tokens/s ({retention:.0%})"
+    if min(s1, s2) < RETENTION_MIN_WINDOW_S:
+        return Check("throughput_retention", True, detail + ": windows too short to judge", warning=True)
+    if retention < minimum:
+        return Check("throughput_retention", False, f"{detail}, under {minimum:.0%}")
+    return Check("throughput_retention", True, detail)

@@ -1,4 +1,10 @@
-"""The health gate, run ON the rig: `python3 probe.py RELEASE_DIR [--level basic|full] [--timeout S]`.
+"""The health gate and verify ladder, run ON the rig: `python3 probe.py RELEASE_DIR [--level L] [--timeout S]`.
+
+Levels (each includes the one before): smoke (= the swap gate's `basic`: running, /health, models,
+one completion, boot log), full (long-output degeneracy, streaming, tool calls, salted needles,
+a short multi-turn soak, MTP acceptance; the swap gate's `full`), stress (needles at several
+depths up to the planned context and a limit probe at max_model_len), soak (sessions x turns of
+multi-turn traffic: empty replies, VRAM growth from nvidia-smi, throughput retention).
 
 STDLIB ONLY (uploaded next to checks.py into /opt/rigfleet/gate/ and run as root there). It
 reads the release's release.json (container, port, served names, what the variant needs) and the
@@ -34,6 +40,8 @@ Check = checks.Check  # short name for building results
 ENV_FILE = "rigfleet.env"
 LOG_TAIL_LINES = 40
 POLL_S = 2.0
+LEVELS = ("smoke", "full", "stress", "soak")
+ALIASES = {"basic": "smoke"}  # the swap gate's name for smoke
 
 
 def log(message: str) -> None:
@@ -76,13 +84,15 @@ class Api:
         except (OSError, ValueError) as exc:  # URLError, ConnectionError, socket.timeout
             return 0, f"{type(exc).__name__}: {exc}"
 
-    def chat(self, model: str, messages: list[dict[str, str]], max_tokens: int, timeout: float) -> tuple[int, Any]:
+    def chat(self, model: str, messages: list[dict[str, str]], max_tokens: int, timeout: float,
+             **extra: Any) -> tuple[int, Any]:
         body = {
             "model": model,
             "messages": messages,
             "temperature": 0,  # deterministic: the same release gives the same answers
             "max_tokens": max_tokens,
             "chat_template_kwargs": {"enable_thinking": False},
+            **extra,
         }
         return self.request("POST", "/v1/chat/completions", body, timeout)
 
@@ -123,11 +133,24 @@ def container_state(name: str) -> dict[str, Any] | None:
     }
 
 
+def gpu_memory_used() -> int | None:
+    """MiB in use over every GPU, from nvidia-smi (None when it does not answer)."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    values = [line.strip() for line in proc.stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+    if proc.returncode != 0 or not values or not all(v.isdigit() for v in values):
+        return None
+    return sum(int(v) for v in values)
+
+
 class Gate:
     def __init__(self, release_dir: Path, level: str, timeout: float) -> None:
         self.release_dir = release_dir
         self.meta: dict[str, Any] = json.loads((release_dir / "release.json").read_text(encoding="utf-8"))
-        self.level = level
+        self.level = ALIASES.get(level, level)
         self.timeout = timeout
         self.settings = dict(checks.DEFAULTS) | dict(self.meta.get("gate") or {})
         env = read_env_file(release_dir / ENV_FILE)
@@ -247,6 +270,26 @@ class Gate:
             log("long output")
             self.checks.append(checks.check_long_output(*self.api.chat(
                 self.model, [{"role": "user", "content": checks.LONG_PROMPT}], 600, self.request_timeout(deadline))))
+        if budget_left("streaming"):
+            log("streaming")
+            self.checks.append(checks.check_streaming(*self.api.chat(
+                self.model, [{"role": "user", "content": checks.STREAM_PROMPT}], 200,
+                self.request_timeout(deadline), stream=True)))
+        tool = {"type": "function", "function": {"name": checks.TOOL["function"]["name"]}}
+        if budget_left("tool_call"):
+            log("tool calls")
+            self.checks.append(checks.check_tool_call(*self.api.chat(
+                self.model, [{"role": "user", "content": checks.TOOL_PROMPT}], 200,
+                self.request_timeout(deadline), tools=[checks.TOOL], tool_choice=tool)))
+        if budget_left("tool_call_stream"):
+            self.checks.append(checks.check_tool_stream(*self.api.chat(
+                self.model, [{"role": "user", "content": checks.TOOL_PROMPT}], 200,
+                self.request_timeout(deadline), tools=[checks.TOOL], tool_choice=tool, stream=True)))
+        if budget_left("degeneracy"):
+            log("degeneracy")
+            long_replies = [self.api.chat(self.model, [{"role": "user", "content": p}], 500,
+                                          self.request_timeout(deadline)) for p in checks.DEGENERACY_PROMPTS[1:]]
+            self.checks.append(checks.check_degeneracy(long_replies))
         max_len = int(self.meta.get("max_model_len") or 0)
         for tokens in self.settings["needle_tokens"]:
             name = f"needle_{int(tokens) // 1000}k"
@@ -258,9 +301,7 @@ class Gate:
             log(f"needle at {tokens} tokens")
             secret, salt = checks.make_secret(rng), checks.make_salt(rng)
             prompt = checks.needle_prompt(checks.make_haystack(int(tokens), secret, salt, rng, rng.uniform(0.2, 0.8)))
-            status, body = self.api.chat(self.model, [{"role": "user", "content": prompt}], 40,
-                                         self.request_timeout(deadline))
-            self.checks.append(checks.check_needle(int(tokens), status, body, secret))
+            self.checks.append(self.needle(int(tokens), prompt, secret, deadline))
         replies: list[tuple[int, Any]] = []
         for session in range(int(self.settings["soak_sessions"])):
             messages: list[dict[str, str]] = []
@@ -281,6 +322,88 @@ class Gate:
             self.out["acceptance_length"] = round(length, 3) if length is not None else None
             self.checks.append(check)
 
+    def needle(self, tokens: int, prompt: str, secret: str, deadline: float,
+               name: str | None = None) -> checks.Check:
+        """One salted needle, with the prefix-cache guard read from /metrics around it."""
+        hits = checks.parse_metrics(self._metrics()).get("vllm:prefix_cache_hits_total", 0.0)
+        status, body = self.api.chat(self.model, [{"role": "user", "content": prompt}], 40,
+                                     self.request_timeout(deadline))
+        result = checks.check_needle(tokens, status, body, secret)
+        if name:
+            result.name = name
+        if result.ok and not result.warning and isinstance(body, dict):
+            hit = checks.parse_metrics(self._metrics()).get("vllm:prefix_cache_hits_total", 0.0) - hits
+            guard = checks.check_cache_guard(result.name, int((body.get("usage") or {}).get("prompt_tokens") or 0), hit)
+            if guard is not None:
+                return guard
+        return result
+
+    # -- stress: needles at several depths up to the planned context, and the limit probe --
+
+    def stress_checks(self) -> None:
+        deadline = time.time() + self.timeout
+        rng = random.Random(os.urandom(16))
+        max_len = int(self.meta.get("max_model_len") or 0)
+        sizes = [int(t) for t in self.settings.get("stress_needle_tokens") or [max(self.settings["needle_tokens"])]]
+        for tokens in sizes:
+            for depth in checks.NEEDLE_DEPTHS:
+                name = f"needle_{tokens // 1000}k_at_{int(depth * 100)}"
+                if max_len and tokens > 0.9 * max_len:
+                    self.checks.append(Check(name, True, f"skipped: above max_model_len {max_len}", warning=True))
+                    continue
+                if time.time() >= deadline - 1:
+                    self.checks.append(Check(name, False, "not run: the verify time budget was spent"))
+                    continue
+                log(f"needle at {tokens} tokens, depth {depth:.0%}")
+                secret, salt = checks.make_secret(rng), checks.make_salt(rng)
+                prompt = checks.needle_prompt(checks.make_haystack(tokens, secret, salt, rng, depth))
+                self.checks.append(self.needle(tokens, prompt, secret, deadline, name))
+        limit = int(self.settings.get("limit_probe_tokens") or int(0.9 * max_len) or 0)
+        if limit and time.time() < deadline - 1:
+            log(f"limit probe at {limit} tokens")
+            secret, salt = checks.make_secret(rng), checks.make_salt(rng)
+            prompt = checks.needle_prompt(checks.make_haystack(limit, secret, salt, rng, 0.5))
+            status, body = self.api.chat(self.model, [{"role": "user", "content": prompt}], 16,
+                                         self.request_timeout(deadline))
+            health, _ = self.api.request("GET", "/health", timeout=10)
+            self.checks.append(checks.check_limit(status, body, limit, health))
+
+    # -- soak: agent-shaped multi-turn traffic, VRAM and throughput over it --
+
+    def soak_checks(self) -> None:
+        deadline = time.time() + self.timeout
+        sessions, turns = int(self.settings["soak_long_sessions"]), int(self.settings["soak_long_turns"])
+        vram_before = gpu_memory_used()
+        timings: list[tuple[int, float]] = []
+        replies: list[tuple[int, Any]] = []
+        for session in range(sessions):
+            messages: list[dict[str, str]] = []
+            for turn in range(turns):
+                if time.time() >= deadline - 1:
+                    break
+                prompt = checks.SOAK_PROMPTS[(session + turn) % len(checks.SOAK_PROMPTS)]
+                messages.append({"role": "user", "content": prompt})
+                started = time.time()
+                status, body = self.api.chat(self.model, messages, 160, self.request_timeout(deadline))
+                timings.append((checks.completion_tokens(body) or 0, time.time() - started))
+                replies.append((status, body))
+                messages.append({"role": "assistant", "content": checks.reply_text(body)})
+            log(f"soak session {session + 1}/{sessions}: {len(replies)} turns so far")
+        soak = checks.check_soak(replies)
+        soak.name = "soak_long"
+        planned = sessions * turns
+        if soak.ok and len(replies) < planned:
+            soak = Check("soak_long", False, f"{len(replies)} of {planned} turns in the time budget")
+        self.checks.append(soak)
+        self.checks.append(checks.check_vram_growth(vram_before, gpu_memory_used(),
+                                                    int(self.settings["vram_growth_max_mib"])))
+        window = max(1, len(timings) // 5)
+        first = (sum(t for t, _ in timings[:window]), sum(s for _, s in timings[:window]))
+        last = (sum(t for t, _ in timings[-window:]), sum(s for _, s in timings[-window:]))
+        self.out["soak"] = {"turns": len(replies), "vram_before_mib": vram_before,
+                            "empty": sum(1 for st, b in replies if checks.silent_empty(st, b))}
+        self.checks.append(checks.check_retention(first, last, float(self.settings["retention_min"])))
+
     def _metrics(self) -> str:
         status, body = self.api.request("GET", "/metrics", timeout=30)
         return body if status == 200 and isinstance(body, str) else ""
@@ -289,8 +412,13 @@ class Gate:
         log(f"gate {self.level} for {self.meta.get('release_id')} (timeout {self.timeout:.0f} s)")
         if self.wait_ready():
             self.boot_checks()
-            if self.level == "full" and checks.passed(self.checks):
+            rank = LEVELS.index(self.level)
+            if rank >= 1 and checks.passed(self.checks):
                 self.full_checks()
+            if rank >= 2 and self.level == "stress" and checks.passed(self.checks):
+                self.stress_checks()
+            if self.level == "soak" and checks.passed(self.checks):
+                self.soak_checks()
         state = container_state(self.container)
         if state is not None:
             self.out["container"] = state
@@ -307,7 +435,7 @@ class Gate:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="rigfleet health gate (runs on the rig)")
     parser.add_argument("release_dir", type=Path)
-    parser.add_argument("--level", choices=("basic", "full"), default=None)
+    parser.add_argument("--level", choices=(*LEVELS, *ALIASES), default=None)
     parser.add_argument("--timeout", type=float, default=None, help="seconds for readiness (and again for full)")
     args = parser.parse_args(argv)
     try:

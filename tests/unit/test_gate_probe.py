@@ -54,6 +54,11 @@ class Engine:
 
     def chat(self, body: dict[str, Any]) -> dict[str, Any]:
         self.requests.append(body)
+        if body.get("tools"):
+            call = {"index": 0, "id": "call-1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+            return {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+                    "usage": {"prompt_tokens": 20, "completion_tokens": 12}}
         text, tokens = self.answer(body)
         tokens = min(tokens, body.get("max_tokens", tokens))
         drafts = -(-tokens // 4)
@@ -96,7 +101,16 @@ def engine() -> Iterator[tuple[Engine, str]]:
 
         def do_POST(self) -> None:  # noqa: N802 - http.server API
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            self.send(200, state.chat(body))
+            reply = state.chat(body)
+            if body.get("stream"):  # the same reply as one SSE event per field
+                message = reply["choices"][0]["message"]
+                delta = {"tool_calls": message["tool_calls"]} if message.get("tool_calls") else {
+                    "content": message["content"]}
+                events = [{"choices": [{"delta": delta, "finish_reason": None}]},
+                          {"choices": [{"delta": {}, "finish_reason": "stop"}]}]
+                self.send(200, "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n")
+                return
+            self.send(200, reply)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -11,6 +11,19 @@
                   missed, and MTP acceptance is near 0 (RIGFLEET_SANDBOX_GARBAGE_AL=100 makes it a
                   suspicious 100% instead).
 The same garbage behaviour is what TurboQuant KV + MTP gives without Genesis P67.
+
+One failure each, for the verify ladder (vllm._sim.degrade applies them; the N are env knobs):
+* bang-flood      replies longer than RIGFLEET_SANDBOX_FLOOD_AFTER tokens (default 40) turn into `!`.
+* repetition      replies longer than RIGFLEET_SANDBOX_FLOOD_AFTER tokens repeat their first word.
+* empty-replies   every third chat reply is silent empty (HTTP 200, 0 completion tokens).
+* broken-sse      a stream ends with a cut-off JSON event, empty deltas and no `data: [DONE]`.
+* bad-tool-json   tool-call arguments are cut-off JSON.
+* low-acceptance  MTP drafts are almost never accepted (mean acceptance length ~1.1).
+* needle-miss     questions about a secret planted in the prompt are answered "not found".
+* vram-growth     each request adds RIGFLEET_SANDBOX_VRAM_STEP_MIB (default 64) to the GPU memory
+                  the engine reports to the stand-in nvidia-smi (compute-apps.json in its state dir).
+* late-failure    healthy for RIGFLEET_SANDBOX_LATE_AFTER requests (default 60: more than the swap
+                  gate sends, fewer than a soak), then the garbage-output behaviour.
 Several faults may be given comma-separated; unknown names are logged and ignored.
 """
 
@@ -18,7 +31,8 @@ from __future__ import annotations
 
 import os
 
-KNOWN = ("boot-crash", "unhealthy", "slow-boot", "garbage-output")
+KNOWN = ("boot-crash", "unhealthy", "slow-boot", "garbage-output", "bang-flood", "repetition", "empty-replies",
+         "broken-sse", "bad-tool-json", "low-acceptance", "needle-miss", "vram-growth", "late-failure")
 
 
 def active() -> set[str]:
@@ -39,3 +53,10 @@ def slow_boot_seconds() -> float:
 
 def garbage_full_acceptance() -> bool:
     return os.environ.get("RIGFLEET_SANDBOX_GARBAGE_AL", "").strip() in ("100", "1.0", "full")
+
+
+def number(name: str, default: int) -> int:
+    try:
+        return max(0, int(os.environ.get(name, str(default))))
+    except ValueError:
+        return default

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from vllm import __version__
 from vllm._sim import SIM_LABEL, faults, genesis_state, platform
+from vllm._sim.degrade import Degrader
 from vllm._sim.metrics import Stats
 from vllm._sim.textgen import Reply
 from vllm.config.vllm import VllmConfig
@@ -51,6 +52,7 @@ class Engine:
         self.garbage = garbage
         self.garbage_full_acceptance = faults.garbage_full_acceptance()
         self.unhealthy = "unhealthy" in faults.active()
+        self.degrade = Degrader()
         self.fingerprint = serving.fingerprint(__version__)
         self.created = int(time.time())
         self.stats = Stats(
@@ -481,7 +483,13 @@ def _handler(engine: Engine) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             for chunk in stream.chunks:
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
+            if stream.broken:
+                blank = [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]
+                empty = {**stream.chunks[-1], "choices": blank}
+                self.wfile.write(f"data: {json.dumps(empty)}\n\n".encode() * 2)
+                self.wfile.write(f"data: {json.dumps(empty)[:40]}\n\n".encode())
+            else:
+                self.wfile.write(b"data: [DONE]\n\n")
             self.wfile.flush()
             self.close_connection = True
 

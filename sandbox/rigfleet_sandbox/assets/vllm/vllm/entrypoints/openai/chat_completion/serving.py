@@ -29,6 +29,7 @@ from vllm._sim.metrics import spec_for
 @dataclass
 class Stream:
     chunks: list[dict]
+    broken: bool = False  # fault broken-sse: cut off mid-event, empty deltas, no [DONE]
 
 
 def error(
@@ -86,10 +87,13 @@ def handle_chat(engine, body: dict) -> tuple[int, dict | Stream]:
         thinking=thinking,
         reasoning_parser=cfg.reasoning_parser,
     )
-    if engine.garbage:
+    n = engine.degrade.count()
+    if engine.garbage or engine.degrade.late():
         reply = textgen.garbage(
             messages, max_tokens=max_tokens, prompt_tokens=prompt_tokens, healthy_reply=reply
         )
+    users = [m for m in messages if m.get("role") == "user"]
+    reply = engine.degrade.reply(reply, textgen.message_text(users[-1]) if users else "", n)
     prompt_text = "\n".join(textgen.message_text(m) for m in messages)
     engine.finish(prompt_text, prompt_tokens, reply)
     rid = "chatcmpl-" + uuid.uuid4().hex
@@ -111,7 +115,10 @@ def handle_chat(engine, body: dict) -> tuple[int, dict | Stream]:
     }
     base = {"id": rid, "created": created, "model": model, "system_fingerprint": engine.fingerprint}
     if body.get("stream"):
-        return 200, Stream(_chat_chunks(base, reply, usage, body))
+        chunks = _chat_chunks(base, reply, usage, body)
+        if engine.degrade.broken_stream():
+            return 200, Stream(chunks[: max(1, len(chunks) // 2)], broken=True)
+        return 200, Stream(chunks)
     return 200, {
         **base,
         "object": "chat.completion",
@@ -201,8 +208,8 @@ def handle_completion(engine, body: dict) -> tuple[int, dict | Stream]:
 
 
 def spec_mode(engine, reply: textgen.Reply) -> str:
-    if not engine.garbage:
-        return "healthy"
+    if not (engine.garbage or engine.degrade.late()):
+        return engine.degrade.spec_mode("healthy")
     return "full" if engine.garbage_full_acceptance else "garbage"
 
 
