@@ -35,6 +35,7 @@ def check(fleet: Fleet) -> list[Problem]:
             problems.append(problem)
     for rig in fleet.rigs:
         problems += list(_rig(rig, fleet))
+    problems += list(_risks(fleet))
     for problem in upstream_fleet.problems(fleet):
         name = problem.rig.removeprefix("pinset ")
         if problem.rig.startswith("pinset ") and name not in used and not problem.warning:
@@ -49,6 +50,20 @@ def enforce(fleet: Fleet) -> list[Problem]:
     if any(not p.warning for p in problems):
         raise InputError(problems)
     return problems
+
+
+def _risks(fleet: Fleet) -> Iterator[Problem]:
+    """Known upstream risks of the pin sets rigs run, as warnings naming the exposed rigs."""
+    variants = catalog.variants()
+    for name, pinset in sorted(fleet.pinsets.items()):
+        for risk in pinset.risks:
+            exposed = [rig.name for rig in fleet.rigs if rig.pinset == name
+                       and (not risk.variants or rig.variant in risk.variants)
+                       and not (rig.mtp_drafter == "off" and variants.get(rig.variant) is not None
+                                and variants[rig.variant].mtp_tokens)]
+            if exposed:
+                yield Problem(f"pinset {name}", "risks", risk.issue, f"known upstream risk on {', '.join(exposed)}: "
+                              f"{risk.symptom}", risk.mitigation, warning=True)
 
 
 def _pinset(name: str, pinset: PinSet) -> Iterator[Problem]:
@@ -186,6 +201,11 @@ def _rig_pinset(rig: Rig, variant: Variant, pinset: PinSet, problem) -> Iterator
     if variant.kv_cache_dtype.startswith("turboquant_") and variant.mtp_tokens and not variant.needs_genesis:
         yield problem("variant", variant.name, "TurboQuant KV with MTP but without Genesis P67 serves garbage",
                       "use tq3-mtp-genesis or turn MTP off")
+    if (variant.genesis is not None and pinset.genesis is not None
+            and variant.genesis.kind != pinset.genesis.kind):
+        yield problem("variant", variant.name, f"its patch flags are written for a {variant.genesis.kind} tree but "
+                      f"pin set {pinset.name} carries a {pinset.genesis.kind} tree",
+                      f"choose a variant for {pinset.genesis.kind} (see `rigfleet pins`)")
     env = Release(rig, pinset, variant).environment()
     yield from _genesis_flags(env, pinset, variant, problem)
 

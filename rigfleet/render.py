@@ -130,6 +130,12 @@ class Release:
         return self.rig.port or self.variant.port
 
     @property
+    def drafter_on(self) -> bool:
+        """MTP variants run their drafter unless the operator turned drafters off (mtp_drafter: off,
+        e.g. fleet-wide in group_vars/all.yml as the vllm#50021 mitigation)."""
+        return bool(self.variant.mtp_tokens) and self.rig.mtp_drafter == "on"
+
+    @property
     def image(self) -> str:
         return image_tag(self.pinset)
 
@@ -149,7 +155,9 @@ class Release:
             "--gpu-memory-utilization", str(v.gpu_memory_utilization),
             "--kv-cache-dtype", v.kv_cache_dtype,
         ]
-        if v.mtp_tokens:
+        if v.long_prefill_token_threshold:
+            args += ["--long-prefill-token-threshold", str(v.long_prefill_token_threshold)]
+        if self.drafter_on:
             spec = {"method": "mtp", "num_speculative_tokens": v.mtp_tokens}
             args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if v.trust_remote_code:
@@ -196,10 +204,9 @@ class Release:
         return f"{self.variant.name}-{digest}"
 
     def cache_key(self) -> str:
-        """Compile and Triton caches are only valid for one (vLLM, Genesis) pair."""
-        genesis = self.pinset.genesis.commit[:12] if self.pinset.genesis else "none"
-        version = re.sub(r"[^A-Za-z0-9_.-]", "_", self.pinset.vllm_version)
-        return f"{version}-{genesis}"
+        """Compile and Triton caches are only valid for one image (vLLM, patch tree, overlays):
+        keyed by the image's content tag, so a re-pin never reuses a stale compiled graph."""
+        return self.image.split(":", 1)[1]
 
     def compose(self, release_id: str) -> str:
         v, rig = self.variant, self.rig

@@ -122,6 +122,9 @@ class Rig(Strict):
     hf_token: SecretRef | None = None
     weights_source: WeightsSource = WeightsSource()
     engine_env: dict[str, str] = {}
+    # "off" serves every MTP variant without its drafter (no --speculative-config): the documented
+    # mitigation for vllm#50021, switched fleet-wide in one re-pin from group_vars/all.yml
+    mtp_drafter: Literal["on", "off"] = "on"
     # the hardware it has
     gpu_model: str = "rtx-3090"
     gpu_count: int = Field(2, ge=1, le=8)
@@ -419,6 +422,7 @@ class GenesisFlags(Strict):
     tunables: dict[str, str]
     budget_from_batched_tokens: tuple[str, ...]
     pin_policy: Literal["strict", "warn"]
+    kind: PatchTreeKind = "genesis-v7"  # the patch-tree layout these flags are written for
 
     def env(self, batched_tokens: int) -> dict[str, str]:
         """GENESIS_* environment, with the token budgets tied to --max-num-batched-tokens."""
@@ -452,6 +456,7 @@ class Variant(Strict):
     min_vram_mib: int
     max_model_len: int
     kv_cache_dtype: str
+    long_prefill_token_threshold: int | None = Field(None, ge=1)
     mtp_tokens: int = Field(ge=0)
     max_num_seqs: int = Field(ge=1)
     gpu_memory_utilization: float = Field(gt=0, le=0.98)
