@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from rigfleet_sandbox import manager, procs
+from rigfleet_sandbox.aptrepo import packages as aptrepo_packages
 
 DEFAULT_DISTRO = os.environ.get("RIGFLEET_SANDBOX_DISTRO", "trixie")
 
@@ -149,3 +150,15 @@ def module_inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory,
 def group_pinset(sandbox: Sandbox) -> str:
     """The pin set the sandbox's group_vars give every rig."""
     return str(yaml.safe_load((sandbox.inventory_dir / "group_vars" / "all.yml").read_text())["pinset"])
+
+
+def move_driver_behind_rigfleets_back(sandbox: Sandbox, rig: str, version: str) -> None:
+    """What an unattended or manual apt run does: unhold the driver stack and move every installed
+    versioned stand-in to `version` (apt does not pick older dependencies by itself)."""
+    held = sandbox.ssh(rig, "apt-mark showhold").stdout.split()
+    driver_held = sorted(p for p in held if "nvidia" in p and "container" not in p)
+    sandbox.ssh(rig, "sudo apt-mark unhold " + " ".join(driver_held), timeout=300)
+    installed = set(sandbox.ssh(rig, "dpkg-query -W -f '${Package}\\n'").stdout.split())
+    versioned = {p.name for p in aptrepo_packages() if p.repo == "cuda" and "pinning" not in p.name}
+    sandbox.ssh(rig, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+                + " ".join(f"{p}={version}-1" for p in sorted(installed & versioned)), timeout=300)

@@ -38,7 +38,7 @@ from rigfleet_sandbox.layout import RigSpec
 from rigfleet_sandbox.supervisor import read_boots
 from tests import REPO_ROOT
 
-from .conftest import Sandbox, group_pinset, module_inventory
+from .conftest import Sandbox, group_pinset, module_inventory, move_driver_behind_rigfleets_back
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -200,9 +200,7 @@ def test_driver_moved_behind_rigfleets_back_is_drift_and_one_deploy_fixes_it(san
     current = run(sandbox, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").stdout.split()[0]
     other = next(v for v in DRIVER_VERSIONS if v != current)
     assert not any("driver" in d for d in rigfleet_status(inventory)["drift"])
-    run(sandbox, "sudo apt-mark unhold " + " ".join(sorted(DRIVER_HELD)))
-    run(sandbox, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-                 + " ".join(f"{p}={other}-1" for p in sorted(DRIVER_HELD - {"nvidia-driver-pinning-580"})))
+    move_driver_behind_rigfleets_back(sandbox, RIG, other)
     drifted = rigfleet_status(inventory)
     assert "driver: mismatch, reboot needed" in drifted["drift"], drifted
     booted = boots()

@@ -28,12 +28,11 @@ import pytest
 from rigfleet import catalog
 from rigfleet.loader import load_fleet
 from rigfleet_sandbox.aptrepo import DRIVER_VERSIONS
-from rigfleet_sandbox.aptrepo import packages as aptrepo_packages
 from rigfleet_sandbox.layout import RigSpec
 from rigfleet_sandbox.supervisor import read_boots
 from tests import REPO_ROOT
 
-from .conftest import Sandbox, group_pinset, module_inventory
+from .conftest import Sandbox, group_pinset, module_inventory, move_driver_behind_rigfleets_back
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -168,17 +167,7 @@ def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox, inve
     # the sandbox repository has two 580 versions; the unpinned pin set installed the newest, so
     # "the other" version is the one an unattended or manual apt run could move the rig to
     other = next(v for v in DRIVER_VERSIONS if v != seen["driver"])
-    # everything rigfleet held for the driver (the module's Debian-shaped dependencies move too)
-    driver_held = sorted(p for p in held(sandbox) if "nvidia" in p and "container" not in p)
-    run(sandbox, "sudo apt-mark unhold " + " ".join(driver_held))
-    # every versioned stand-in that is installed moves (apt does not pick older dependencies itself)
-    installed = set(run(sandbox, "dpkg-query -W -f '${Package}\\n'").stdout.split())
-    versioned = {p.name for p in aptrepo_packages() if p.repo == "cuda" and "pinning" not in p.name}
-    run(
-        sandbox,
-        "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-        + " ".join(f"{p}={other}-1" for p in sorted(installed & versioned)),
-    )
+    move_driver_behind_rigfleets_back(sandbox, RIG, other)
     broken = run(sandbox, "nvidia-smi -L", check=False)
     assert broken.returncode != 0 and "Driver/library version mismatch" in broken.stdout + broken.stderr
     before, booted = boot_id(sandbox), boots()
