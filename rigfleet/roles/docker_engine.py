@@ -27,7 +27,6 @@ from rigfleet.schema import AptRepo, Rig
 
 DOCKER_KEYRING = "/etc/apt/keyrings/rigfleet-docker.gpg"
 DEBIAN_ARCHIVE_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # docker-ce-rootless-extras is a Recommends of docker-ce: installed and held with the rest, or an
 # upgrade would move it alone (https://docs.docker.com/engine/install/debian/)
 DOCKER_CE = [
@@ -78,10 +77,13 @@ def daemon_settings(rig: Rig) -> dict[str, Any]:
 
 def debian_mirror() -> str:
     """The Debian archive the rig already uses (its mirror or proxy path), for the trixie source."""
-    for repo in host.get_fact(AptSources):
-        if repo.distribution == "bookworm" and "main" in repo.components:
+    sources = [repo for repo in host.get_fact(AptSources) if "main" in repo.components]
+    for repo in sources:
+        if repo.distribution == "bookworm":
             return str(repo.url)
-    return DEBIAN_MIRROR
+    if not sources:
+        raise ValueError(f"{host.name}: no Debian archive with 'main' in the rig's apt sources; add one")
+    return str(sources[0].url)
 
 
 def _docker_ce(context: RigContext, where: Target) -> list[str]:

@@ -28,6 +28,17 @@ def debian_mirror(etc: Path = Path("/etc/apt")) -> str:
     raise RuntimeError("no Debian archive in the machine's apt sources (/etc/apt); add one to run this check")
 
 
+def apt_hosts(etc: Path = Path("/etc/apt")) -> frozenset[str]:
+    """Every host the machine's apt sources name: the mirrors the sandbox's proxy may forward to."""
+    files = [str(etc / "sources.list"), *sorted(glob.glob(str(etc / "sources.list.d" / "*")))]
+    hosts: set[str] = set()
+    for path in files:
+        if os.path.isfile(path):
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            hosts.update(h.lower() for h in re.findall(r"https?://([A-Za-z0-9.-]+)", text))
+    return frozenset(hosts - {"localhost"})
+
+
 def packages_index(suite: str, component: str, mirror: str | None = None) -> dict[str, dict[str, str]]:
     """Package name -> control fields (the highest version when several), from the real index."""
     cached = CACHE / f"{suite}_{component}_Packages"

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rigfleet_sandbox.debindex import debian_mirror
 from rigfleet_sandbox.layout import CACHE_DIR, DISTROS, OPERATOR, RigSpec
 from rigfleet_sandbox.shell import Log, SandboxError, run
 
 # Bump when the customisation below changes so stale caches are rebuilt, not reused.
 ROOTFS_VERSION = 2
-MIRROR = "http://deb.debian.org/debian"
 # linux-image-amd64: a real Debian rig has the distribution kernel's metapackage, which rigfleet
 # holds with the driver (the container boots the host's kernel; the package is only apt state)
 INCLUDE = (
@@ -74,7 +74,7 @@ def ensure_tarball(distro: str, log: Log) -> Path:
         remove_tree(build)
         started = time.monotonic()
         log(f"debootstrap {distro} (minbase) into {build}; cached afterwards, about a minute once")
-        cmd = ["debootstrap", "--variant=minbase", f"--include={INCLUDE}", distro, str(build), MIRROR]
+        cmd = ["debootstrap", "--variant=minbase", f"--include={INCLUDE}", distro, str(build), debian_mirror()]
         try:
             run(cmd, timeout=1800)
         except SandboxError as exc:

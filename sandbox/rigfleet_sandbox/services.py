@@ -28,9 +28,11 @@ from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, Thread
 from pathlib import Path
 from typing import Any
 
+from rigfleet_sandbox.debindex import apt_hosts
+
 log = logging.getLogger("rigfleet_sandbox.services")
 
-APT_HOSTS = frozenset({"deb.debian.org", "security.debian.org"})
+APT_HOSTS = apt_hosts()  # the mirrors this machine's own apt sources name
 CONNECT_ALLOW = frozenset({("pypi.org", 443), ("files.pythonhosted.org", 443)})
 _HOP_BY_HOP = frozenset(
     {

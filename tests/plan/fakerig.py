@@ -57,7 +57,7 @@ PLATFORMS = {
 }
 DISTROS = tuple(PLATFORMS)
 GIB_KIB = 1024 * 1024
-SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+SECURITY_MIRROR = "http://deb.example.org/debian-security"
 RTX_3090 = "NVIDIA GeForce RTX 3090"
 
 
@@ -111,7 +111,7 @@ class FakeRig:
     runtimes: list[str] | None = None
     images: set[str] = field(default_factory=set)
     cdi_devices: list[str] = field(default_factory=list)
-    debian_mirror: str = "http://deb.debian.org/debian"
+    debian_mirror: str = "http://deb.example.org/debian"
     sources: list[SourceEntry] | None = None  # the rig's apt sources; None: the installer's default
     topology: Topology = Topology()
     nvlink_status: dict[int, int] = field(default_factory=dict)

@@ -34,7 +34,7 @@ def test_debian_contrib_enabled_before_the_driver(distro: str) -> None:
     codename = PLATFORMS[distro].codename
     result = plan(context_for(distro), scenarios.fresh(distro))
     source = result.uploads[ARCHIVE_COMPONENTS]
-    assert f"URIs: http://deb.debian.org/debian\nSuites: {codename}\nComponents: contrib non-free\n" in source
+    assert f"URIs: http://deb.example.org/debian\nSuites: {codename}\nComponents: contrib non-free\n" in source
     assert f"Suites: {codename}-security\nComponents: contrib non-free\nSigned-By: {KEYRING}" in source
     events = result.events
     upload = events.index(("upload", ARCHIVE_COMPONENTS))
@@ -60,7 +60,7 @@ def test_debian_components_only_what_is_missing_with_the_entrys_keyring() -> Non
 
 def test_debian_components_already_there_write_nothing_and_drop_rigfleets_file() -> None:
     full = ("main", "contrib", "non-free", "non-free-firmware")
-    sources = [SourceEntry("http://deb.debian.org/debian", "trixie", full, KEYRING)]
+    sources = [SourceEntry("http://deb.example.org/debian", "trixie", full, KEYRING)]
     context = context_for("debian-13")
     rig = scenarios.converged(context, "debian-13", sources=sources)
     assert ARCHIVE_COMPONENTS in rig.files

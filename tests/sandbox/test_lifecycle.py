@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from rigfleet_sandbox import manager, procs, services
+from rigfleet_sandbox.debindex import debian_mirror
 from rigfleet_sandbox.layout import RIGS_DIR, STATE_DIR, RigSpec
 from rigfleet_sandbox.supervisor import read_boots
 
@@ -200,10 +202,12 @@ def test_proxy_refuses_hosts_off_the_allowlist(proxy: tuple[str, int]) -> None:
 
 
 def test_proxy_serves_cached_debs_without_upstream(proxy: tuple[str, int], tmp_path: Path) -> None:
-    deb = tmp_path / "deb.debian.org" / "debian" / "pool" / "main" / "h" / "hello_1.0_amd64.deb"
+    mirror = urllib.parse.urlsplit(debian_mirror())  # the proxy forwards only to this machine's own mirrors
+    deb = tmp_path / str(mirror.hostname) / mirror.path.strip("/") / "pool" / "main" / "h" / "hello_1.0_amd64.deb"
     deb.parent.mkdir(parents=True)
     deb.write_bytes(b"!<arch>\nsimulated")
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://{proxy[0]}:{proxy[1]}"}))
-    with opener.open("http://deb.debian.org/debian/pool/main/h/hello_1.0_amd64.deb", timeout=5) as resp:
+    url = f"http://{mirror.hostname}{mirror.path.rstrip('/')}/pool/main/h/hello_1.0_amd64.deb"
+    with opener.open(url, timeout=5) as resp:
         assert resp.headers["X-Rigfleet-Cache"] == "hit"
         assert resp.read() == b"!<arch>\nsimulated"

@@ -932,7 +932,7 @@ def _fake_root(path: Path) -> Path:
         add("./usr/share/doc/bash/README", kind=tarfile.LNKTYPE, link="./usr/share/doc/bash/changelog.gz")
         add("./usr/bin/python3.11-hardlink", kind=tarfile.LNKTYPE, link="./usr/bin/python3.11")
         add("./usr/share/man/bash.1.gz", b"man")
-        add("./var/lib/apt/lists/deb.debian.org_dists", b"x" * 100)
+        add("./var/lib/apt/lists/deb.example.org_dists", b"x" * 100)
         add("./dev/null", kind=tarfile.CHRTYPE, mode=0o666)
     return path
 
@@ -990,7 +990,7 @@ def test_image_archive_is_consistent(tmp_path: Path) -> None:
         "etc/ssh/ssh_host_ed25519_key",
         "usr/lib/python3.11/EXTERNALLY-MANAGED",
         "dev/null",
-        "var/lib/apt/lists/deb.debian.org_dists",
+        "var/lib/apt/lists/deb.example.org_dists",
     ):
         assert gone not in base, gone
     assert {"dev", "tmp", "var/lib/apt/lists"} <= set(base)
