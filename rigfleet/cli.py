@@ -14,10 +14,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import catalog, guard, planner
+from rigfleet import catalog, guard, paths, planner
 from rigfleet.errors import InputError, Problem
 from rigfleet.loader import Fleet, load_fleet
-from rigfleet.paths import inventory_dir
 from rigfleet.render import Release, image_tag
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,7 +47,7 @@ def _warn(problems: list[Problem]) -> None:
 
 
 def load_checked() -> tuple[Fleet, list[Problem]]:
-    fleet = load_fleet(inventory_dir())
+    fleet = load_fleet(paths.inventory_dir())
     return fleet, guard.enforce(fleet)
 
 
@@ -59,11 +58,15 @@ def release_for(fleet: Fleet, rig_name: str) -> Release:
 
 @click.group()
 @click.version_option(package_name="rigfleet")
-def main() -> None:
+@click.option("-i", "--inventory", "inventory", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="inventory directory (its hosts.yml); default: RIGFLEET_INVENTORY, else ./inventory")
+def main(inventory: Path | None) -> None:
     """Provision dual-RTX-3090 vLLM rigs and keep a fleet on one known-good pin.
 
-    The inventory is RIGFLEET_INVENTORY (default: inventory/sandbox).
+    The inventory is `-i DIR`, else RIGFLEET_INVENTORY, else ./inventory when it has a
+    hosts.yml (an operator repo written by `rigfleet init`). There is no other default.
     """
+    paths.select(inventory)
 
 
 @main.command()
@@ -96,6 +99,18 @@ def render(rig: str, output: Path) -> None:
         if name.endswith(".env"):
             target.chmod(0o600)
     click.echo(f"wrote {len(files)} files for {rig} to {output}")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+@user_errors
+def init(directory: Path) -> None:
+    """Write an operator repo into DIRECTORY: inventory/, pinsets, inventory.py, deploy.py."""
+    from rigfleet import operator_repo
+
+    written = operator_repo.write(directory)
+    click.echo(f"wrote {len(written)} files to {directory}; next: cd {directory} && rigfleet check, "
+               "then edit inventory/hosts.yml and run `pyinfra inventory.py deploy.py`")
 
 
 def plan_rows(fleet: Fleet, warnings: list[Problem]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pyinfra
 
@@ -57,18 +57,34 @@ def cli_data_overrides(argv: list[str]) -> dict[str, Any]:
     return overrides
 
 
-@cache
 def fleet(path: Path | None = None) -> Fleet:
-    """Load and guard the fleet; on bad input print the problems and exit 2 before any connect."""
+    """Load and guard the fleet; on bad input print the problems and exit 2 before any connect.
+
+    Loaded once per inventory and process: inventory.py and deploy.py share it (and its
+    warnings are printed once).
+    """
+    try:
+        chosen = Path(path).resolve() if path is not None else inventory_dir()
+    except InputError as exc:
+        _exit_with(exc)
+    return _fleet(chosen)
+
+
+def _exit_with(exc: InputError) -> NoReturn:
+    for problem in exc.problems:
+        print(problem.render(), file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+@cache
+def _fleet(path: Path) -> Fleet:
     try:
         overrides = cli_data_overrides(sys.argv) if pyinfra.is_cli else {}
-        loaded = load_fleet(path or inventory_dir(), overrides)
+        loaded = load_fleet(path, overrides)
         for warning in guard.enforce(loaded):
             print(warning.render(), file=sys.stderr)
     except InputError as exc:
-        for problem in exc.problems:
-            print(problem.render(), file=sys.stderr)
-        raise SystemExit(2) from None
+        _exit_with(exc)
     return loaded
 
 

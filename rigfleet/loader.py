@@ -167,8 +167,8 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
     hosts_file = inventory_dir / "hosts.yml"
     if not hosts_file.is_file():
         raise InputError([Problem(FLEET, "inventory", str(inventory_dir), "no hosts.yml there",
-                                  "set RIGFLEET_INVENTORY to an inventory directory, or run "
-                                  "`rigfleet sandbox up` to create the default one")])
+                                  "name a directory that has one: RIGFLEET_INVENTORY=DIR or "
+                                  "`rigfleet -i DIR` (`rigfleet init DIR` writes a skeleton)")])
     top = _mapping(read_yaml(hosts_file), hosts_file)
     if set(top) != {"all"}:
         raise InputError([Problem(FLEET, "hosts.yml", sorted(top), "the top level must be the single key `all`",
