@@ -78,7 +78,7 @@ def test_inline_secret_is_refused_without_echoing_it(example_inventory: Path) ->
 def test_missing_inventory_says_how_to_create_one(tmp_path: Path) -> None:
     with pytest.raises(InputError) as caught:
         load_fleet(tmp_path / "nowhere")
-    assert "rigfleet sandbox up" in str(caught.value)
+    assert "rigfleet init DIR" in str(caught.value) and "sandbox" not in str(caught.value)
 
 
 def test_data_overrides_beat_every_file_and_are_validated(example_inventory: Path) -> None:
