@@ -3,52 +3,25 @@
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from functools import wraps
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import catalog, guard, paths, planner
-from rigfleet.errors import InputError, Problem
-from rigfleet.loader import Fleet, load_fleet
+from rigfleet import catalog, paths, planner
+from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
+from rigfleet.cli_fleet import repin, status_command
+from rigfleet.cli_hostkeys import hostkeys_command
+from rigfleet.cli_pins import pins
+from rigfleet.errors import Problem
+from rigfleet.loader import Fleet
 from rigfleet.render import Release, image_tag
+from rigfleet.rollback import rollback
 
-F = TypeVar("F", bound=Callable[..., Any])
-USER_ERROR = 2
-
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def user_errors(func: F) -> F:
-    """Bad input: one line per problem, exit 2, no traceback."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except InputError as exc:
-            for problem in exc.problems:
-                err.print(problem.render(), markup=False)
-            sys.exit(USER_ERROR)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _warn(problems: list[Problem]) -> None:
-    for problem in problems:
-        if problem.warning:
-            err.print(problem.render(), style="yellow", markup=False)
-
-
-def load_checked() -> tuple[Fleet, list[Problem]]:
-    fleet = load_fleet(paths.inventory_dir())
-    return fleet, guard.enforce(fleet)
+__all__ = ["USER_ERROR", "err", "load_checked", "main", "user_errors", "warn"]
 
 
 def release_for(fleet: Fleet, rig_name: str) -> Release:
@@ -74,7 +47,7 @@ def main(inventory: Path | None) -> None:
 def check() -> None:
     """Validate the inventory and run the compatibility guard; contacts no host."""
     fleet, warnings = load_checked()
-    _warn(warnings)
+    warn(warnings)
     click.echo(f"ok: {len(fleet.rigs)} rigs, {len(fleet.pinsets)} pin sets in {fleet.inventory_dir}")
 
 
@@ -86,7 +59,7 @@ def check() -> None:
 def render(rig: str, output: Path) -> None:
     """Write every file RIG would receive (secrets only as references)."""
     fleet, warnings = load_checked()
-    _warn(warnings)
+    warn(warnings)
     release = release_for(fleet, rig)
     files = release.files(secrets=None, release_id=release.release_id())
     from rigfleet.render import host_files
@@ -142,7 +115,7 @@ def plan(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    _warn(warnings)
+    warn(warnings)
     table = Table(title=f"rigfleet plan: {fleet.inventory_dir}")
     for column in ("rig", "variant", "pinset", "port", "KV pool", "262K streams", "image"):
         table.add_column(column, overflow="fold")
@@ -153,16 +126,13 @@ def plan(as_json: bool) -> None:
     Console().print(table)
 
 
-def _register_optional() -> None:
-    """Commands of later layers, and those other installed distributions add through the
-    `rigfleet.commands` entry-point group (a click command each)."""
-    import rigfleet.cli_fleet  # noqa: F401 - registers repin and status on `main`
-    import rigfleet.cli_hostkeys  # noqa: F401 - registers hostkeys on `main`
-    import rigfleet.cli_pins  # noqa: F401 - registers pins on `main`
-    import rigfleet.rollback  # noqa: F401 - registers rollback on `main`
-
+def _register() -> None:
+    """The commands of the modules above, then those other installed distributions add through
+    the `rigfleet.commands` entry-point group (a click command each)."""
+    for command in (repin, status_command, hostkeys_command, pins, rollback):
+        main.add_command(command)
     for entry in entry_points(group="rigfleet.commands"):
         main.add_command(entry.load(), entry.name)
 
 
-_register_optional()
+_register()

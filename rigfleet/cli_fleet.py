@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from rigfleet import liveness, rollout, status
-from rigfleet.cli import _warn, load_checked, main, user_errors
+from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
 
 
-@main.command()
+@click.command()
 @click.option("--group", help="only rigs of this inventory group")
 @click.option("--limit", multiple=True, help="only these rigs (repeatable)")
 @click.option("--canary", help="the rig that goes first, alone (default: the first rig in scope)")
@@ -27,7 +27,7 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
           dry_run: bool) -> None:
     """Roll out what the inventory declares, canary first, then waves; halt at the first failure."""
     fleet, warnings = load_checked()
-    _warn(warnings)
+    warn(warnings)
     plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size)
     for index, rigs in enumerate(plan):
         label = "canary" if index == 0 else f"wave {index}"
@@ -68,7 +68,7 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
     sys.exit(1)
 
 
-@main.command(name="status")
+@click.command(name="status")
 @click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table")
 @user_errors
 def status_command(as_json: bool) -> None:

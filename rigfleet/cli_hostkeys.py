@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 
 from rigfleet import hostkeys, rollout
-from rigfleet.cli import err, main, user_errors
+from rigfleet.cli_common import err, user_errors
 from rigfleet.hostkeys import MISMATCH, MISSING, OK, UNREACHABLE, Check, fingerprint
 from rigfleet.loader import load_fleet
 from rigfleet.paths import inventory_dir
@@ -36,7 +36,7 @@ def _line(result: Check) -> str:
     return f"{where.rig}  [{style}]{result.state}[/{style}]  {where.entry}  {shown}{detail}"
 
 
-@main.command(name="hostkeys")
+@click.command(name="hostkeys")
 @click.argument("rigs", nargs=-1)
 @click.option("--group", help="only rigs of this inventory group")
 @click.option("--record", is_flag=True,

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from rigfleet.cli import USER_ERROR, err, main, user_errors
+from rigfleet.cli_common import USER_ERROR, err, user_errors
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet.paths import inventory_dir
 from rigfleet.render import image_tag
@@ -49,7 +49,7 @@ def pin_rows(fleet: Fleet, verdicts: dict[str, Verdict]) -> list[dict[str, Any]]
     return rows
 
 
-@main.command()
+@click.command()
 @click.option("--verify", "online", is_flag=True,
               help="derive what is not cached: download the vLLM wheel (pip) and clone the patch tree (git)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of text")

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from rigfleet import ledger, runner
-from rigfleet.cli import _warn, load_checked, main, user_errors
+from rigfleet.cli_common import load_checked, user_errors, warn
 from rigfleet.facts.serving import ServingState
 from rigfleet.loader import Fleet
 
@@ -49,7 +49,7 @@ def describe(attempt: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-@main.command("rollback")
+@click.command("rollback")
 @click.argument("rig")
 @click.option("--gate", "level", type=click.Choice(["basic", "full"]), default=None,
               help="gate level for the previous release (default: the rig's `gate`)")
@@ -57,7 +57,7 @@ def describe(attempt: dict[str, Any] | None) -> list[str]:
 def rollback(rig: str, level: str | None) -> None:
     """Return RIG to its previous release (from the rig's ledger), through the health gate."""
     fleet, warnings = load_checked()
-    _warn(warnings)
+    warn(warnings)
     fleet.rig(rig)  # an unknown name is an input error, before anything is contacted
     from rigfleet.roles.serving import serving_rollback
 
