@@ -11,22 +11,21 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import catalog, paths, planner
+from rigfleet import paths, planner, release
 from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
 from rigfleet.cli_fleet import repin, status_command
 from rigfleet.cli_hostkeys import hostkeys_command
 from rigfleet.cli_pins import pins
 from rigfleet.errors import Problem
 from rigfleet.loader import Fleet
-from rigfleet.render import Release, image_tag
+from rigfleet.render import Release
 from rigfleet.rollback import rollback
 
 __all__ = ["USER_ERROR", "err", "load_checked", "main", "user_errors", "warn"]
 
 
 def release_for(fleet: Fleet, rig_name: str) -> Release:
-    rig = fleet.rig(rig_name)
-    return Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+    return release.resolve(fleet, rig_name)
 
 
 @click.group()
@@ -89,14 +88,15 @@ def init(directory: Path) -> None:
 def plan_rows(fleet: Fleet, warnings: list[Problem]) -> list[dict[str, Any]]:
     rows = []
     for rig in fleet.rigs:
-        variant = catalog.variants()[rig.variant]
+        resolved = release.resolve(fleet, rig)
+        variant = resolved.variant
         capacity = planner.predict(rig, variant)
         rows.append({
             "rig": rig.name,
             "variant": rig.variant,
             "pinset": rig.pinset,
-            "image_tag": image_tag(fleet.pinsets[rig.pinset]),
-            "port": rig.port or variant.port,
+            "image_tag": resolved.image,
+            "port": resolved.port,
             "kv_pool_tokens": capacity.kv_pool_tokens,
             "max_full_context_streams": capacity.max_full_context_streams,
             "concurrency": capacity.concurrency,

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 import pyinfra
 
-from rigfleet import catalog, guard
+from rigfleet import guard, release
 from rigfleet.errors import FLEET, InputError, Problem
 from rigfleet.loader import Fleet, load_fleet, pyinfra_name
 from rigfleet.paths import inventory_dir
@@ -90,8 +90,11 @@ def _fleet(path: Path) -> Fleet:
 
 def for_rig(name: str) -> RigContext:
     loaded = fleet()
-    rig = loaded.rig(name)
-    return RigContext(loaded, rig, loaded.pinsets[rig.pinset], catalog.variants()[rig.variant])
+    return context_of(loaded, release.resolve(loaded, name))
+
+
+def context_of(loaded: Fleet, resolved: Release) -> RigContext:
+    return RigContext(loaded, resolved.rig, resolved.pinset, resolved.variant)
 
 
 def pyinfra_host_data(loaded: Fleet, rig: Rig) -> dict[str, Any]:

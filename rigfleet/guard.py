@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from rigfleet import catalog, planner
+from rigfleet import catalog, planner, release
 from rigfleet.errors import FLEET, InputError, Problem, one_of
 from rigfleet.loader import Fleet
 from rigfleet.render import Release
@@ -122,14 +122,13 @@ def _overlay_conflicts(owner: str, pinset: PinSet) -> Iterator[Problem]:
 def _rig(rig: Rig, fleet: Fleet) -> Iterator[Problem]:
     sources = fleet.sources.get(rig.name, {})
     variants = catalog.variants()
+    pinset, variant = release.parts(fleet, rig)
 
     def problem(field: str, value: object, message: str, fix: str, warning: bool = False) -> Problem:
         return Problem(rig.name, field, value, message, fix, sources.get(field.split(".")[0]), warning)
 
-    variant = variants.get(rig.variant)
     if variant is None:
         yield problem("variant", rig.variant, "not a known variant", one_of(rig.variant, variants, "variants"))
-    pinset = fleet.pinsets.get(rig.pinset)
     if pinset is None:
         yield problem("pinset", rig.pinset, "no pin set of that name in pinsets.yml",
                       one_of(rig.pinset, fleet.pinsets, "pin sets") if fleet.pinsets

@@ -24,8 +24,8 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import catalog, deadpeer, hostkeys
-from rigfleet.context import RigContext, pyinfra_host_data
+from rigfleet import deadpeer, hostkeys, release
+from rigfleet.context import context_of, pyinfra_host_data
 from rigfleet.loader import Fleet
 
 
@@ -126,7 +126,7 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     try:
         if state.active_hosts:
             contexts = {
-                rig.name: RigContext(fleet, rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+                rig.name: context_of(fleet, release.resolve(fleet, rig))
                 for rig in fleet.rigs if rig.name in outcomes
             }
 

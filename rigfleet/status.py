@@ -12,8 +12,9 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, runner
+from rigfleet import runner
 from rigfleet.loader import Fleet
+from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
 
 LEDGER = "/var/lib/rigfleet/ledger.json"
@@ -125,7 +126,7 @@ def collect(fleet: Fleet) -> list[dict[str, Any]]:
     probes, outcomes = runner.read_facts(fleet, names, RigProbe)
     rows = []
     for rig in fleet.rigs:
-        release = Release(rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+        release = resolve(fleet, rig)
         probe = probes.get(rig.name)
         reachable = outcomes[rig.name].reachable and probe is not None
         current = _current(probe.get("ledger")) if probe else {}
