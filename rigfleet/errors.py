@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,8 @@ class Problem:
         where = f" (in {self.source})" if self.source else ""
         value = _short(self.value)
         kind = "warning" if self.warning else "error"
-        return f"{kind}: {self.rig}: {self.field} = {value}: {self.message}{where}. Fix: {self.fix}"
+        return (f"{kind}: {one_line(self.rig)}: {one_line(self.field)} = {value}: {one_line(self.message, 400)}"
+                f"{where}. Fix: {self.fix}")
 
 
 class InputError(Exception):
@@ -49,6 +51,19 @@ def one_of(value: object, choices: Iterable[str], what: str) -> str:
     return f"{hint}valid {what}: {', '.join(options)}"
 
 
+_REPR = reprlib.Repr()  # attributes, not keywords: those arrived in Python 3.12
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 3, 6, 6, 6, 6
+_REPR.maxstring = _REPR.maxother = 70
+
+
 def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+    """A bounded repr: reprlib stops at a depth and a length, so a huge or alias-shared value is
+    never rendered in full (a 100 KB string or a billion-laughs list costs what 80 characters do)."""
+    text = _REPR.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = 120) -> str:
+    """A name from the input, printed on one line (a newline in a rig name split the error line)."""
+    escaped = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    return escaped if len(escaped) <= limit else escaped[: limit - 3] + "..."

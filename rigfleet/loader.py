@@ -29,8 +29,61 @@ PYINFRA_PREFIX = "_"
 SECRET_FIELDS = ("hf_token", "api_key")
 
 
+# Bounds on every inventory file: nesting (the composer recurses: 3000 levels was a RecursionError)
+# and the size aliases expand to (a billion-laughs bomb is tiny on disk and endless to print).
+MAX_DEPTH = 64
+MAX_EXPANDED_NODES = 200_000
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """A duplicate key in YAML is almost always a copy-paste mistake: refuse it."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)  # type: ignore[no-untyped-call]
+        finally:
+            self._depth -= 1
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()  # type: ignore[no-untyped-call]
+        if node is not None and _expanded_size(node) > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_EXPANDED_NODES} "
+                                              "values (or refer to themselves)", node.start_mark)
+        return node
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Values the document holds once every alias is expanded; a node graph, walked iteratively and
+    memoised by identity (linear in the file). A self-referencing alias counts as unbounded."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    active: set[int] = set()
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        if done:
+            active.discard(key)
+            sizes[key] = min(1 + sum(sizes[id(c)] for c in children), MAX_EXPANDED_NODES + 1)
+            continue
+        if key in sizes:
+            continue
+        if key in active:
+            return MAX_EXPANDED_NODES + 1
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -147,6 +200,10 @@ def _walk(name: str, body: Any, depth: int, tree: _Tree, path: Path, chain: tupl
 def _vars_file(directory: Path, name: str) -> list[Path]:
     """group_vars/NAME.yml, NAME.yaml, or every file in a NAME/ directory."""
     found = [directory / f"{name}{ext}" for ext in (".yml", ".yaml", "") if (directory / f"{name}{ext}").is_file()]
+    if len(found) > 1:  # merged silently before: which one wins is not something to guess
+        raise InputError([Problem(name if directory.name == "host_vars" else FLEET, directory.name,
+                                  ", ".join(p.name for p in found), "more than one vars file for the same name",
+                                  "merge them into one .yml file", str(directory))])
     if (directory / name).is_dir():
         found += sorted(p for p in (directory / name).iterdir() if p.suffix in (".yml", ".yaml"))
     return found
@@ -214,9 +271,24 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
         all_pyinfra[host] = pyinfra
     mirrors, mirror_problems = _load_mirrors(inventory_dir)
     problems += mirror_problems
+    problems += _duplicate_endpoints(rigs)
     if problems:
         raise InputError(problems)
     return Fleet(inventory_dir, tuple(rigs), pinsets, all_sources, all_pyinfra, mirrors)
+
+
+def _duplicate_endpoints(rigs: list[Rig]) -> list[Problem]:
+    """Two rigs on one host and SSH port are one machine deployed twice (or a copy-paste slip)."""
+    seen: dict[tuple[str, int], str] = {}
+    problems = []
+    for rig in rigs:
+        endpoint = (rig.ssh_hostname.lower(), rig.ssh_port)
+        if endpoint in seen:
+            problems.append(Problem(rig.name, "ssh_hostname", f"{rig.ssh_hostname}:{rig.ssh_port}",
+                                    f"the same host and SSH port as rig '{seen[endpoint]}'",
+                                    "give each rig its own address (or port), or remove the duplicate"))
+        seen.setdefault(endpoint, rig.name)
+    return problems
 
 
 def _load_mirrors(inventory_dir: Path) -> tuple[MirrorMap, list[Problem]]:
@@ -311,6 +383,10 @@ def _load_pinsets(inventory_dir: Path) -> tuple[dict[str, PinSet], list[Problem]
     problems: list[Problem] = []
     for name, body in _mapping(read_yaml(path), path).items():
         body = _mapping(body, path, f"pinset {name}", f"pin set '{name}'")
+        if "name" in body:
+            problems.append(Problem(f"pinset {name}", "name", body["name"], "a pin set is named by its key",
+                                    "remove name: (rename the key instead)", str(path)))
+            continue
         try:
             pinsets[name] = PinSet(name=name, **body)
         except ValidationError as exc:
