@@ -18,7 +18,7 @@ from pyinfra.api import State
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory_from_files
 
-from rigfleet import context, loader
+from rigfleet import context, loader, paths
 from rigfleet.cli import main
 from rigfleet.errors import InputError
 from tests import REPO_ROOT
@@ -34,11 +34,13 @@ HOSTILE = ["rigs", "fleet", "pyinfra_host_data", "install_hints", "context", "ho
 def load(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     def _load(inventory: Path) -> Any:
         monkeypatch.setenv("RIGFLEET_INVENTORY", str(inventory))
-        context.fleet.cache_clear()
+        paths.select(None)  # the entry file fixes the inventory per process; each test is a new one
+        context._fleet.cache_clear()
         with ctx_state.use(State()):  # what pyinfra's CLI has in place when it execs inventory.py
             return make_inventory_from_files(INVENTORY_PY)
     yield _load
-    context.fleet.cache_clear()
+    paths.select(None)
+    context._fleet.cache_clear()
 
 
 def set_groups(inventory: Path, groups: dict[str, list[str]]) -> dict[str, dict[str, Any]]:

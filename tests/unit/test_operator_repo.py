@@ -37,7 +37,8 @@ def test_dash_i_names_the_inventory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["-i", str(EXAMPLE), "check"], env={"RIGFLEET_INVENTORY": None})
     assert result.exit_code == 0, result.output
-    assert f"4 rigs, 1 pin sets in {EXAMPLE}" in result.output
+    pinsets = len(yaml.safe_load((EXAMPLE / "pinsets.yml").read_text()))
+    assert f"4 rigs, {pinsets} pin sets in {EXAMPLE}" in result.output
 
 
 def test_init_writes_a_repo_whose_check_passes_from_its_directory(tmp_path, monkeypatch):
@@ -56,7 +57,7 @@ def test_init_writes_a_repo_whose_check_passes_from_its_directory(tmp_path, monk
     monkeypatch.chdir(ops)
     checked = CliRunner().invoke(main, ["check"], env={"RIGFLEET_INVENTORY": None})
     assert checked.exit_code == 0, checked.output
-    assert f"3 rigs, 1 pin sets in {ops / 'inventory'}" in checked.output
+    assert f"3 rigs, {len(shipped)} pin sets in {ops / 'inventory'}" in checked.output
 
 
 def test_init_refuses_a_non_empty_directory_and_keeps_what_was_there(tmp_path):

@@ -7,6 +7,7 @@ attempt would be accepted there, so "nothing contacted" is observed, not assumed
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -24,26 +25,31 @@ RIGS = ["rig-01", "rig-02", "rig-11", "rig-12"]
 
 
 @pytest.fixture
-def listener() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    sock.settimeout(0.5)
+def listener() -> Iterator[list[socket.socket]]:
+    """One loopback listener per rig (rigs must not share a host and port), 127.0.0.1 to .4."""
+    socks = []
     try:
-        yield sock
+        for n in range(len(RIGS)):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((f"127.0.0.{n + 1}", 0))
+            sock.listen(8)
+        yield socks
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 @pytest.fixture
-def inventory(tmp_path: Path, listener: socket.socket) -> Path:
+def inventory(tmp_path: Path, listener: list[socket.socket]) -> Path:
     copy = tmp_path / "inv"
     shutil.copytree(EXAMPLE, copy)
-    port = listener.getsockname()[1]
+    addresses = iter(sock.getsockname() for sock in listener)
     hosts = yaml.safe_load((copy / "hosts.yml").read_text())
     for group in hosts["all"]["children"].values():
         for rig in group["hosts"]:
-            group["hosts"][rig] = {"ssh_hostname": "127.0.0.1", "ssh_port": port}
+            host, port = next(addresses)
+            group["hosts"][rig] = {"ssh_hostname": host, "ssh_port": port}
     (copy / "hosts.yml").write_text(yaml.safe_dump(hosts))
     # a real (throwaway) key, so that a valid run gets as far as connecting (the control case)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
@@ -60,16 +66,15 @@ def pyinfra(inventory: Path, cwd: Path, *args: str) -> subprocess.CompletedProce
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
-def contacted(listener: socket.socket) -> bool:
-    try:
-        conn, _ = listener.accept()
-    except TimeoutError:
-        return False
-    conn.close()
-    return True
+def contacted(listener: list[socket.socket], timeout_s: float = 0.5) -> bool:
+    ready, _, _ = select.select(listener, [], [], timeout_s)
+    for sock in ready:
+        conn, _ = sock.accept()
+        conn.close()
+    return bool(ready)
 
 
-def test_control_a_valid_override_does_reach_the_listener(inventory: Path, listener: socket.socket,
+def test_control_a_valid_override_does_reach_the_listener(inventory: Path, listener: list[socket.socket],
                                                           tmp_path: Path) -> None:
     """Without this the 'nothing contacted' assertions below could not fail."""
     proc = subprocess.Popen(
@@ -78,8 +83,7 @@ def test_control_a_valid_override_does_reach_the_listener(inventory: Path, liste
         cwd=tmp_path, env={**os.environ, "RIGFLEET_INVENTORY": str(inventory), "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        listener.settimeout(60)
-        assert contacted(listener)
+        assert contacted(listener, timeout_s=60)
     finally:
         proc.kill()
         proc.wait()
@@ -102,7 +106,7 @@ def test_control_a_valid_override_does_reach_the_listener(inventory: Path, liste
     (["--data", "gate_timeout_s=" + "9" * 40], "gate_timeout_s", ""),
 ])
 def test_malformed_data_override_exits_2_naming_every_rig_and_the_field(
-        inventory: Path, listener: socket.socket, tmp_path: Path, args: list[str], field: str, why: str) -> None:
+        inventory: Path, listener: list[socket.socket], tmp_path: Path, args: list[str], field: str, why: str) -> None:
     proc = pyinfra(inventory, tmp_path, *args)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
@@ -114,7 +118,7 @@ def test_malformed_data_override_exits_2_naming_every_rig_and_the_field(
     assert not contacted(listener)
 
 
-def test_data_without_equals_is_a_pyinfra_crash_before_rigfleet_runs(inventory: Path, listener: socket.socket,
+def test_data_without_equals_is_a_pyinfra_crash_before_rigfleet_runs(inventory: Path, listener: list[socket.socket],
                                                                     tmp_path: Path) -> None:
     """pyinfra 3.10 splits `--data oops` in pyinfra_cli before inventory.py is imported, so rigfleet
     cannot turn it into an exit 2 (documented in docs/RELIABILITY.md as a pyinfra limitation).
