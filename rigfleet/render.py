@@ -188,8 +188,6 @@ class Release:
         if self.rig.nvlink:
             env = nvlink_env(env)
         env |= self.rig.engine_env
-        if self.rig.sandbox_fault:
-            env["RIGFLEET_SANDBOX_FAULT"] = self.rig.sandbox_fault
         env["RIGFLEET_NEEDS_GENESIS"] = "1" if v.needs_genesis else "0"
         return dict(sorted(env.items()))
 

@@ -24,9 +24,6 @@ SECRET_ENV_NAME = re.compile(r"^(HF_.*|HUGGING_FACE_HUB_TOKEN|.*_API_KEY|.*_TOKE
 HOSTNAME = grammar.HOSTNAME
 RIG_NAME = grammar.RIG_NAME
 
-SandboxFault = Literal["boot-crash", "unhealthy", "slow-boot", "garbage-output"]
-
-
 class _NoBoolInts(BaseModel):
     """YAML `true` is not a number: pydantic would read it as 1 (ssh_port: true -> port 1)."""
 
@@ -150,13 +147,10 @@ class Rig(Strict):
     toolkit_repo: AptRepo | None = None
     docker_repo: AptRepo | None = None
     registry: str | None = None  # fleet registry HOST[:PORT]: a pin's image is built once, then pulled
-    registry_insecure: bool = False  # plain-HTTP registry (lab/sandbox); Docker must be told explicitly
+    registry_insecure: bool = False  # plain-HTTP registry (a lab network); Docker must be told explicitly
     # rollout
     gate: Literal["basic", "full"] = "basic"
     gate_timeout_s: int = Field(600, ge=10, le=7200)
-    # Test hook for simulated rigs: passed to the engine container as RIGFLEET_SANDBOX_FAULT.
-    # Real vLLM ignores the variable; nothing else in rigfleet reads it.
-    sandbox_fault: SandboxFault | None = None
 
     @field_validator("name")
     @classmethod

@@ -36,6 +36,15 @@ BASE_GROUP_VARS: dict[str, Any] = {
     "registry_insecure": True,  # plain HTTP on the sandbox's host-only network
 }
 
+# The SIMULATED engine's fault switch (assets/vllm/vllm/_sim/faults.py). A fault reaches a rig the
+# way any engine setting does, through the rig's `engine_env`: rigfleet itself has no fault field.
+FAULT_ENV = "RIGFLEET_SANDBOX_FAULT"
+
+
+def fault_vars(fault: str, **knobs: str) -> dict[str, Any]:
+    """Rig vars that switch a SIMULATED rig's engine into `fault` (plus the fault's env knobs)."""
+    return {"engine_env": {FAULT_ENV: fault, **knobs}}
+
 
 def _dump(path: Path, data: Any) -> None:
     path.write_text(HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False))

@@ -14,12 +14,14 @@ import pytest
 from pyinfra.api import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from rigfleet import catalog, ledger
+from rigfleet import catalog, guard, ledger
 from rigfleet.context import RigContext
 from rigfleet.facts.serving import RELEASES_DIR, ServingState
 from rigfleet.loader import load_fleet
 from rigfleet.operations import serving as ops
 from rigfleet.roles.serving import base_url, release_spec
+from rigfleet_sandbox.invfiles import FAULT_ENV, fault_vars
+from tests.conftest import write_yaml
 
 LEDGER = ledger.LEDGER_PATH
 
@@ -294,9 +296,21 @@ def test_invalid_compose_is_refused_before_anything_stops(example_inventory: Pat
     assert rig.running() == [old.release_id]
 
 
+def test_a_rehearsal_fault_reaches_the_engine_as_ordinary_engine_env(example_inventory: Path) -> None:
+    # rigfleet has no fault field: the sandbox's switch is loaded, guarded and rendered like any engine setting
+    before = release_spec(context(example_inventory))
+    write_yaml(example_inventory / "host_vars" / "rig-01.yml", fault_vars("boot-crash"))
+    fleet = load_fleet(example_inventory)
+    assert not [p for p in guard.check(fleet) if not p.warning]
+    faulty = release_spec(context(example_inventory))
+    assert re.search(rf"^ +{FAULT_ENV}: \"?boot-crash\"?$", faulty.files["compose.yaml"], re.M)
+    assert FAULT_ENV not in before.files["compose.yaml"]
+    assert faulty.release_id != before.release_id  # the fault is a change to deploy, and clearing it another
+
+
 def test_failed_gate_restores_the_previous_release(example_inventory: Path) -> None:
     rig, old = deployed(example_inventory)
-    new = release_spec(context(example_inventory, sandbox_fault="garbage-output", gate="full"))
+    new = release_spec(context(example_inventory, engine_env={"VLLM_LOGGING_LEVEL": "DEBUG"}, gate="full"))
     rig.images.add(new.image)
     rig.gate_ok[new.release_id] = False
     with pytest.raises(ops.ServingError) as raised:

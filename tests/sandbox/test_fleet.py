@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from rigfleet_sandbox import manager, procs
+from rigfleet_sandbox.invfiles import fault_vars
 from rigfleet_sandbox.layout import LOG_DIR, REGISTRY_DIR, REGISTRY_PORT, SERVICE_ADDR
 from tests import REPO_ROOT
 
@@ -141,7 +142,7 @@ def test_repin_whole_fleet_builds_the_image_once(sandbox: Sandbox, inventory: Pa
 
 def test_canary_boot_crash_rolls_back_and_touches_nobody_else(sandbox: Sandbox, inventory: Path) -> None:
     set_group(inventory, pinset="sandbox-a")
-    host_vars(inventory, "rig-01", sandbox_fault="boot-crash")
+    host_vars(inventory, "rig-01", **fault_vars("boot-crash"))
     before = {rig: ledger(sandbox, rig) for rig in RIGS}
     repin = rigfleet(inventory, "repin", "--wave", "3")
     assert repin.returncode != 0
@@ -159,7 +160,7 @@ def test_canary_boot_crash_rolls_back_and_touches_nobody_else(sandbox: Sandbox, 
 def test_failure_in_wave_two_halts_and_rerun_finishes(sandbox: Sandbox, inventory: Path) -> None:
     # --wave 1: canary rig-01, wave 1 rig-02, wave 2 rig-03 (faulty), wave 3 rig-04
     host_vars(inventory, "rig-01")
-    host_vars(inventory, "rig-03", sandbox_fault="boot-crash")
+    host_vars(inventory, "rig-03", **fault_vars("boot-crash"))
     before = {rig: ledger(sandbox, rig) for rig in RIGS}
     repin = rigfleet(inventory, "repin", "--wave", "1")
     assert repin.returncode != 0

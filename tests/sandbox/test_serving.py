@@ -1,7 +1,8 @@
 """Serving end to end on a SIMULATED rig: swap, no-op, gate faults with rollback, `rigfleet rollback`.
 
 The real `pyinfra -y inventory.py deploy.py` (every role) and the real `rigfleet rollback` run
-against the sandbox rig over SSH; the engine is the stand-in vLLM, steered by `sandbox_fault`.
+against the sandbox rig over SSH; the engine is the stand-in vLLM, steered by its fault switch
+in `engine_env` (rigfleet_sandbox.invfiles.fault_vars).
 The tests run in file order and build on each other (release A, then B, then failed attempts
 that must leave B serving, then a rollback to A). Serving state left by earlier modules is
 cleared first, so the rig starts with no release whatever ran before. Like the other sandbox
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rigfleet_sandbox.invfiles import fault_vars
 from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
@@ -204,7 +206,7 @@ def iso_epoch(iso: str) -> int:
 @pytest.mark.parametrize(("fault", "gate"), [("boot-crash", "basic"), ("unhealthy", "basic"),
                                              ("garbage-output", "full")])
 def test_fault_restores_the_previous_release(sandbox: Sandbox, inventory: Path, fault: str, gate: str) -> None:
-    host_vars(inventory, **B, sandbox_fault=fault, gate=gate)
+    host_vars(inventory, **B, **fault_vars(fault), gate=gate)
     attempts = len(ledger(sandbox)["attempts"])
     proc = deploy(inventory)
     assert proc.returncode != 0

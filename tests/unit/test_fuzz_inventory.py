@@ -31,7 +31,7 @@ def bad_value_for(field: str) -> st.SearchStrategy[object]:
         low, high = ranges[field]
         return st.one_of(st.integers(max_value=low - 1), st.integers(min_value=high + 1), huge,
                          junk_any, st.from_regex(r"[a-z]{1,6}", fullmatch=True))
-    if field in ("docker_source", "gate", "driver_module", "driver_install", "sandbox_fault"):
+    if field in ("docker_source", "gate", "driver_module", "driver_install"):
         return st.one_of(st.from_regex(r"[A-Za-z]{2,10}-?x", fullmatch=True), junk_any)
     if field in ("model_dir", "cache_dir"):
         return st.one_of(st.from_regex(r"[a-z]{1,8}(/[a-z]{1,8})?", fullmatch=True),
