@@ -9,7 +9,17 @@ import pytest
 import yaml
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SANDBOX_TIER = Path(__file__).parent / "sandbox"
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory" / "example"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/sandbox is of the sandbox tier (`make test` runs `-m sandbox` and
+    `-m "not sandbox"` side by side), marked or not."""
+    for item in items:
+        if SANDBOX_TIER in item.path.parents and not item.get_closest_marker("sandbox"):
+            item.add_marker(pytest.mark.sandbox)
 
 
 @pytest.fixture(autouse=True)
