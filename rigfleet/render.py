@@ -50,16 +50,26 @@ def render(template: str, **context: Any) -> str:
 # --- the patched image ---------------------------------------------------------------------------
 
 
+def wheel_deps(pinset: PinSet) -> dict[str, str]:
+    """What the build downloads as wheels: the pin set's python_deps and its tree kind's build
+    requirements (installed only to build the tree, never as the image's own packages)."""
+    kind = catalog.patch_tree_kinds()[pinset.genesis.kind] if pinset.genesis else {}
+    return dict(kind.get("build_requires", {})) | dict(pinset.python_deps)
+
+
 def image_context(pinset: PinSet) -> dict[str, Any]:
     base = pinset.base_image
     pinned = f"{base.ref}@{base.digest}" if base.digest else base.ref
     return {
         "pinset": pinset,
+        # the patch-tree kind's build/boot data (catalog/patch_trees.yaml); None without a tree
+        "tree": catalog.patch_tree_kinds()[pinset.genesis.kind] if pinset.genesis else None,
         "base_ref": pinned,
         # `docker load` keeps no repo digest, so an archive base is built FROM its tag; the
         # vllm_image role checks the loaded image ID against the digest right before the build.
         "from_ref": base.ref if base.archive else pinned,
         "python_deps": sorted(pinset.python_deps.items()),
+        "wheels": sorted(wheel_deps(pinset).items()),
         "build_argv": ["/bin/sh", BUILD_SCRIPT, pinset.vllm_version,
                        *(f"{name}=={version}" for name, version in sorted(pinset.python_deps.items()))],
         "overlay_summary": ",".join(

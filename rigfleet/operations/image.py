@@ -23,6 +23,7 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
+from rigfleet import catalog
 from rigfleet.facts.image import STAMP_DIR, BuildStamps, DockerImageInfo
 from rigfleet.operations.shell import LOG_DIR, dq, q, script, sha256_of
 from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
@@ -154,10 +155,13 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
         host.noop(f"Genesis {genesis.commit[:12]} already in the build dir")
         return
     sha, src = genesis.commit, genesis.source
+    kind = catalog.patch_tree_kinds()[genesis.kind]
+    package = kind["package"].rstrip("/")  # the kind's package dir: its presence proves the layout
+    top = package.split("/")[0]
     common = [f"G={q(build + '/genesis')}", 'rm -rf "$G" "$G.tmp"']
     tail = [
-        '[ -d "$G.tmp/vllm/_genesis" ] || fail '
-        + q(f"Genesis from {src} at {sha} has no vllm/_genesis (not a Genesis v7 tree)"),
+        f'[ -d "$G.tmp/{package}" ] || fail '
+        + q(f"Genesis from {src} at {sha} has no {package} (not a {kind['title']} tree)"),
         'mv "$G.tmp" "$G"',
         _stamp(build, "genesis", sha),
         f"say {q(f'Genesis {sha} from {src} verified')}",
@@ -208,7 +212,7 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
         'mkdir -p "$G.tmp" && tar -xf "$T" -C "$G.tmp"',
         # a single top-level directory (GitHub's repo-<sha>/) is the tree itself
         'set -- "$G.tmp"/*',
-        'if [ "$#" -eq 1 ] && [ -d "$1" ] && [ ! -d "$G.tmp/vllm" ]; then mv "$1" "$G.inner" && rmdir "$G.tmp" '
+        f'if [ "$#" -eq 1 ] && [ -d "$1" ] && [ ! -d "$G.tmp/{top}" ]; then mv "$1" "$G.inner" && rmdir "$G.tmp" '
         '&& mv "$G.inner" "$G.tmp"; fi',
         'rm -f "$T"',
         *tail,

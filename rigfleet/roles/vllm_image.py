@@ -55,6 +55,6 @@ def vllm_image(ctx: RigContext) -> None:
     image.base_image_present(name=f"Base image {pinset.base_image.ref}: get and verify", tag=tag,
                              base=pinset.base_image)
     image.wheels_fetched(name="Python deps: download wheels", tag=tag, from_ref=pinset.base_image.ref,
-                         deps=dict(pinset.python_deps), index_url=pinset.pip_index_url)
+                         deps=render.wheel_deps(pinset), index_url=pinset.pip_index_url)
     image.context_files(name="Dockerfile and entrypoint", tag=tag, rendered=render.image_files(pinset))
     image.image_built(name=f"Build {tag}", tag=tag, labels=provenance_labels(ctx, tag), registry=ctx.rig.registry)

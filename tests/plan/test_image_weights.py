@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import http.server
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -590,3 +591,60 @@ def test_mirror_file_names_are_data_not_shell(local_dirs: Path, tmp_path: Path, 
     assert not state.failed_hosts
     assert (model_dir / SUBDIR / evil).read_bytes() == b"{}\n"
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+
+
+# --- patch-tree kinds: the SNDR v12 build path beside Genesis v7 ----------------------------------
+
+SHA_SNDR = "7aa66f9ac6bc22b8e0d71cff75bf26ebbbd5ae97"
+GOLDEN_IMAGE = Path(__file__).resolve().parent / "golden" / "image"
+
+
+def sndr_ctx() -> RigContext:
+    """A golden-fixture rig on an SNDR v12 pin set (the shipped sndr-v12's shape, mirror sources)."""
+    data = pinset_data(name="pin-sndr", vllm_version="0.23.1rc1.dev424+g3f5a1e173", overlays=[],
+                       genesis={"source": "http://mirror/genesis.git", "commit": SHA_SNDR, "kind": "sndr-v12",
+                                "version": "v12.0.0"},
+                       python_deps={"xxhash": "3.5.0"})
+    return make_ctx(data, variant="tq3-mtp-sndr")
+
+
+def test_sndr_v12_image_plan_matches_its_golden_file() -> None:
+    """The full plan of a v12 rig's image build and the files it ships (RIGFLEET_UPDATE_GOLDEN=1 rewrites)."""
+    ctx = sndr_ctx()
+    lines = [f"== {s.name}\n" + "".join(f"   {c}\n" for c in s.commands) for s in plan(vllm_image, ctx, image_facts())]
+    for name, text in render.image_files(ctx.pinset).items():
+        lines.append(f"== file {name}\n" + "".join(f"   | {line}\n" for line in text.splitlines()))
+    text = "".join(lines)
+    golden = GOLDEN_IMAGE / "sndr-v12.txt"
+    if os.environ.get("RIGFLEET_UPDATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text, encoding="utf-8")
+    assert text == golden.read_text(encoding="utf-8"), f"the plan differs from {golden}"
+
+
+def test_each_tree_kind_builds_and_boots_its_own_way() -> None:
+    kinds = catalog.patch_tree_kinds()
+    v12 = render.image_files(sndr_ctx().pinset)
+    v7 = render.image_files(make_ctx().pinset)
+    stock = render.image_files(PinSet(**pinset_data(genesis=None)))
+    home = kinds["sndr-v12"]["home"]
+    # v12: the whole tree kept at its home, pip-installed editable without deps, plugin checked
+    assert f'TREE={home}\n' in v12["rigfleet-build.sh"]
+    install = 'python3 -m pip install --no-deps --no-index --find-links /tmp/rigfleet/wheels -e "$TREE"'
+    assert install in v12["rigfleet-build.sh"]
+    assert "vllm.general_plugins genesis_v7 sndr.plugin:register" in v12["rigfleet-build.sh"]
+    assert "_genesis" not in v12["rigfleet-build.sh"] and "apply_all" not in v12["entrypoint.sh"]
+    assert f"\n  {kinds['sndr-v12']['entry_point']}\n" in v12["entrypoint.sh"]
+    assert "vllm.general_plugins genesis_v7 sndr.plugin:register; then" in v12["entrypoint.sh"]
+    # v7 (and stock, whose entrypoint refuses a Genesis variant): apply_all, nothing of v12
+    for files in (v7, stock):
+        assert f"\n  {kinds['genesis-v7']['entry_point']}\n" in files["entrypoint.sh"]
+        assert "sndr" not in files["entrypoint.sh"] + files["rigfleet-build.sh"]
+    assert 'cp -a /tmp/rigfleet/genesis/vllm/_genesis "$VLLM_DIR/_genesis"' in v7["rigfleet-build.sh"]
+
+
+def test_tree_fetch_checks_the_declared_kinds_layout() -> None:
+    fetch = next(s for s in plan(vllm_image, sndr_ctx(), image_facts()) if "fetch and verify" in s.name)
+    assert '[ -d "$G.tmp/sndr" ] || fail' in fetch.text and "(not a SNDR v12 tree)" in fetch.text
+    v7 = next(s for s in plan(vllm_image, make_ctx(), image_facts()) if "Genesis" in s.name)
+    assert '[ -d "$G.tmp/vllm/_genesis" ] || fail' in v7.text and "(not a Genesis v7 tree)" in v7.text

@@ -1,0 +1,101 @@
+"""The SNDR v12 build path against the REAL v12.0.0 tree (the shared mirror's bundle): what the image
+build and the entrypoint rely on is what the tree declares, the rendered install and plugin check
+work on the tree's own files, and the v12 pin set and its variant verify against the real tree and
+wheel (its nightly is not on PyPI: the nearest release stands in, and says so)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from rigfleet import catalog, render
+from rigfleet.loader import load_fleet
+from rigfleet.render import Release
+from rigfleet.schema import MirrorMap
+from rigfleet.upstream.sources import tree_repo
+from rigfleet.upstream.verify import probe_rig, releases_for, verify
+from tests.upstream.conftest import TREE_SOURCE
+
+V12_TREE = "7aa66f9ac6bc22b8e0d71cff75bf26ebbbd5ae97"
+
+pytestmark = pytest.mark.usefixtures("real_upstream_cache")
+
+
+def git_show(mirrors: MirrorMap, path: str) -> str:
+    repo = tree_repo(TREE_SOURCE, V12_TREE, mirrors, False)
+    return subprocess.run(["git", "show", f"{V12_TREE}:{path}"], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_kind_data_is_what_the_real_v12_tree_declares(mirrors: MirrorMap) -> None:
+    kind = catalog.patch_tree_kinds()["sndr-v12"]
+    project = tomllib.loads(git_show(mirrors, "pyproject.toml"))
+    plugin = kind["plugin"]
+    assert project["project"]["entry-points"][plugin["group"]] == {plugin["name"]: plugin["target"]}
+    module, _, func = plugin["target"].partition(":")
+    assert f"def {func}(" in git_show(mirrors, module.replace(".", "/") + ".py")
+    assert git_show(mirrors, kind["apply_module"].replace(".", "/") + "/__main__.py")
+    assert kind["entry_point"] == f"python3 -m {kind['apply_module']}"
+
+
+def test_shipped_v12_pin_sets_verify_against_the_real_tree_and_wheel(real_inventory: Path) -> None:
+    fleet = load_fleet(real_inventory)
+    for name in ("sndr-v12", "sndr-v12-dev301"):
+        pinset = fleet.pinsets[name]
+        verdict = verify(name, pinset, releases_for(pinset, catalog.variants(), fleet.rigs), fleet.mirrors)
+        assert verdict.ok, [p.render() for p in verdict.problems] or verdict.unavailable
+        assert (verdict.tree_kind, verdict.checked, verdict.surface_release) == ("sndr-v12", ["tq3-mtp-sndr"], "0.23.0")
+        assert verdict.notes == [f"vLLM {pinset.vllm_version} is not on PyPI: checked against release 0.23.0"]
+
+
+def test_v12_variant_with_a_flag_the_real_tree_never_reads_is_refused(real_inventory: Path) -> None:
+    fleet = load_fleet(real_inventory)
+    pinset = fleet.pinsets["sndr-v12"]
+    rig = probe_rig(pinset, "tq3-mtp-sndr").model_copy(update={"engine_env": {"GENESIS_ENABLE_P67_TQ_MULTIQUERY": "1"}})
+    verdict = verify(pinset.name, pinset, {"tq3-mtp-sndr": Release(rig, pinset, catalog.variants()["tq3-mtp-sndr"])},
+                     fleet.mirrors)
+    assert [p.render() for p in verdict.problems] == [
+        "error: pinset sndr-v12: variant tq3-mtp-sndr: env = 'GENESIS_ENABLE_P67_TQ_MULTIQUERY': the sndr-v12 tree "
+        "at 7aa66f9ac6bc reads no such flag (its registry does not list it). "
+        "Fix: use GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"]
+
+
+def test_rendered_install_and_plugin_check_work_on_the_real_tree(real_inventory: Path, tmp_path: Path) -> None:
+    """The build script's own lines (pip install -e --no-deps, the entry-point and module checks) run
+    against the real v12.0.0 files in a fresh venv: they fail before the install, pass after it."""
+    fleet = load_fleet(real_inventory)
+    repo = tree_repo(TREE_SOURCE, V12_TREE, fleet.mirrors, False)
+    archive = subprocess.run(["git", "archive", "--format=tar", V12_TREE], cwd=repo, check=True,
+                             capture_output=True).stdout
+    tree = tmp_path / "tree"
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    wheels = tmp_path / "wheels"  # the kind's build requirements, fetched as the image build does
+    build_requires = catalog.patch_tree_kinds()["sndr-v12"]["build_requires"]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "-d", str(wheels), *(f"{n}=={v}" for n, v in build_requires.items())], check=True)
+    build = render.image_files(fleet.pinsets["sndr-v12"])["rigfleet-build.sh"]
+    lines = [line for line in build.splitlines()
+             if line.startswith(("TREE=", "python3 -m pip install --no-deps", "python3 -c"))]
+    assert len(lines) == 4, lines
+    checks = "\n".join(["set -eu", *lines[2:]])
+    script = "\n".join(["set -eu", f"TREE={tree}", *lines[1:]])
+
+    def run(text: str) -> subprocess.CompletedProcess[str]:
+        text = re.sub(r"^python3 ", f"{venv}/bin/python ", text, flags=re.M)
+        text = text.replace("/tmp/rigfleet/wheels", str(wheels))
+        return subprocess.run(["sh", "-c", text], capture_output=True, text=True)
+
+    before = run(checks)
+    assert before.returncode != 0 and "plugin entry point vllm.general_plugins genesis_v7 is missing" in before.stderr
+    after = run(script)
+    assert after.returncode == 0, after.stderr[-2000:]
