@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import paths, planner, release
+from rigfleet import paths, pindiff, planner, release
 from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
 from rigfleet.cli_fleet import repin, status_command
 from rigfleet.cli_hostkeys import hostkeys_command
@@ -107,11 +107,17 @@ def plan_rows(fleet: Fleet, warnings: list[Problem]) -> list[dict[str, Any]]:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table")
+@click.option("--from", "from_spec", metavar="PINSET[:VARIANT]",
+              help="also show, per rig, what changes from this pin set (and variant) to the declared one")
 @user_errors
-def plan(as_json: bool) -> None:
+def plan(as_json: bool, from_spec: str | None) -> None:
     """What every rig would run and the KV pool it would get (predicted); contacts no host."""
     fleet, warnings = load_checked()
     rows = plan_rows(fleet, warnings)
+    if from_spec:
+        changes = pindiff.changes_from(fleet, [row["rig"] for row in rows], from_spec)
+        for row in rows:
+            row["changes_from"] = {"from": from_spec, "changes": changes[row["rig"]]}
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -124,6 +130,15 @@ def plan(as_json: bool) -> None:
                       f"{row['kv_pool_tokens'] / 1e6:.2f}M", f"{row['max_full_context_streams']} "
                       f"({row['concurrency']}x)", row["image_tag"])
     Console().print(table)
+    if from_spec:
+        print_changes(from_spec, {row["rig"]: row["changes_from"]["changes"] for row in rows})
+
+
+def print_changes(from_spec: str, changes: dict[str, list[str]]) -> None:
+    for rig, lines in changes.items():
+        click.echo(f"{rig}: from {from_spec}: " + ("no change" if not lines else f"{len(lines)} changes"))
+        for line in lines:
+            click.echo(f"  {line}")
 
 
 def _register() -> None:

@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import liveness, rollout, status
+from rigfleet import liveness, pindiff, rollout, status
 from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
@@ -22,13 +22,21 @@ out = Console(highlight=False, soft_wrap=True)
 @click.option("--wave", "wave_size", default=2, show_default=True, help="rigs per wave after the canary")
 @click.option("--max-failures", default=1, show_default=True, help="halt once this many rigs failed")
 @click.option("--dry-run", is_flag=True, help="print the wave plan and contact nothing")
+@click.option("--from", "from_spec", metavar="PINSET[:VARIANT]",
+              help="first show, per rig, what changes from this pin set (the one the rigs run now)")
 @user_errors
 def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_size: int, max_failures: int,
-          dry_run: bool) -> None:
+          dry_run: bool, from_spec: str | None) -> None:
     """Roll out what the inventory declares, canary first, then waves; halt at the first failure."""
     fleet, warnings = load_checked()
     warn(warnings)
     plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size)
+    if from_spec:
+        for rig, lines in pindiff.changes_from(fleet, [r for wave in plan for r in wave], from_spec).items():
+            out.print(f"{rig}: from {from_spec}: " + (f"{len(lines)} changes" if lines else "no change"),
+                      markup=False)
+            for line in lines:
+                out.print(f"  {line}", markup=False)
     for index, rigs in enumerate(plan):
         label = "canary" if index == 0 else f"wave {index}"
         out.print(f"{label}: {', '.join(rigs)}")
@@ -92,6 +100,9 @@ def status_command(as_json: bool) -> None:
             f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]",
         )
     out.print(table)
+    for row in rows:
+        for risk in row.get("risks", ()):
+            out.print(f"risk on {row['rig']}: {risk}", markup=False, style="yellow")
 
 
 def _yes_no(value: bool | None) -> str:

@@ -12,10 +12,11 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import runner
+from rigfleet import catalog, runner
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
+from rigfleet.schema import Rig
 
 LEDGER = "/var/lib/rigfleet/ledger.json"
 
@@ -147,5 +148,19 @@ def collect(fleet: Fleet) -> list[dict[str, Any]]:
             "healthy": (running and "unhealthy" not in " ".join(probe.get("containers", []))) if probe else None,
             "kv_pool_tokens": current.get("kv_pool_tokens"),
             "drift": drift(release, probe) if probe else ["unreachable"],
+            "risks": risks(fleet, rig, current.get("pinset") or rig.pinset, current.get("variant") or rig.variant),
         })
     return rows
+
+
+def risks(fleet: Fleet, rig: Rig, pinset: str, variant: str) -> list[str]:
+    """Known upstream risks of the pin set and variant the rig runs (the running release when the
+    ledger names one, else the declared): issue, symptom, mitigation. An MTP variant whose drafter
+    is off is not exposed to a drafter risk listed for it."""
+    found = fleet.pinsets.get(pinset)
+    spec = catalog.variants().get(variant)
+    if found is None:
+        return []
+    if rig.mtp_drafter == "off" and spec is not None and spec.mtp_tokens:
+        return []
+    return [f"{r.issue}: {r.symptom} -> {r.mitigation}" for r in found.risks if not r.variants or variant in r.variants]

@@ -1,0 +1,79 @@
+"""What changes per rig between pin sets: `plan --from` and `repin --from` (dry run), and the known
+risks `status` shows per rig. Renders only; contacts nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from rigfleet import pindiff, status
+from rigfleet.cli import main
+from rigfleet.loader import load_fleet
+from rigfleet.release import resolve
+from tests.conftest import write_yaml
+
+
+def run(inventory: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env={"RIGFLEET_INVENTORY": str(inventory)})
+    return result.exit_code, result.output
+
+
+def repin_to(inventory: Path, pinset: str, variant: str) -> None:
+    write_yaml(inventory / "host_vars" / "rig-01.yml", {"pinset": pinset, "variant": variant})
+
+
+def test_stock_to_sndr_names_image_vllm_tree_flags_and_env(example_inventory: Path) -> None:
+    repin_to(example_inventory, "sndr-v12", "tq3-mtp-sndr")
+    fleet = load_fleet(example_inventory)
+    lines = pindiff.changes_from(fleet, ["rig-01"], "stock-v0-27-1:fp8-mtp")["rig-01"]
+    after = resolve(fleet, "rig-01")
+    before = resolve(fleet, fleet.rig("rig-01").model_copy(update={"pinset": "stock-v0-27-1", "variant": "fp8-mtp"}))
+    assert lines[:5] == [
+        "pinset: stock-v0-27-1 -> sndr-v12",
+        f"image: {before.image} -> {after.image}",
+        "vllm: 0.27.1 -> 0.23.1rc1.dev424+g3f5a1e173",
+        "patch tree: none -> sndr-v12 v12.0.0 7aa66f9ac6bc",
+        "variant: fp8-mtp -> tq3-mtp-sndr",
+    ]
+    assert "flag ~ --kv-cache-dtype fp8_e4m3 -> turboquant_3bit_nc" in lines
+    assert "flag - --long-prefill-token-threshold 2048" in lines
+    assert "env + GENESIS_LEGACY_DEFAULT_ON 1" in lines and "env ~ RIGFLEET_NEEDS_GENESIS 0 -> 1" in lines
+    # the same release on both sides: nothing
+    assert pindiff.diff(after, after) == []
+
+
+def test_seed_to_sndr_keeps_the_flags_and_changes_the_tree(example_inventory: Path) -> None:
+    repin_to(example_inventory, "sndr-v12", "tq3-mtp-sndr")
+    lines = pindiff.changes_from(load_fleet(example_inventory), ["rig-01"], "seed-2026-05:tq3-mtp-genesis")["rig-01"]
+    assert "patch tree: genesis-v7 v7.72.2 7b9fd3194ee6 -> sndr-v12 v12.0.0 7aa66f9ac6bc" in lines
+    assert not [line for line in lines if line.startswith("flag")]  # same serve flags on both trees
+    assert [line for line in lines if line.startswith("env")] == ["env + GENESIS_LEGACY_DEFAULT_ON 1"]
+
+
+def test_plan_and_repin_dry_run_print_the_changes(example_inventory: Path) -> None:
+    repin_to(example_inventory, "stock-v0-27-1", "int8")
+    code, out = run(example_inventory, "plan", "--json", "--from", "seed-2026-05")
+    assert code == 0, out
+    rows = {r["rig"]: r for r in json.loads(out[out.index("["):])}
+    assert "patch tree: genesis-v7 v7.72.2 7b9fd3194ee6 -> none" in rows["rig-01"]["changes_from"]["changes"]
+    assert rows["rig-11"]["changes_from"] == {"from": "seed-2026-05", "changes": []}
+    code, out = run(example_inventory, "repin", "--dry-run", "--limit", "rig-01", "--from", "seed-2026-05")
+    assert code == 0, out
+    assert "rig-01: from seed-2026-05:" in out and "  vllm: 0.20.2rc1.dev9+g01d4d1ad3 -> 0.27.1" in out
+
+
+def test_from_an_unknown_pin_set_is_one_line_exit_2(example_inventory: Path) -> None:
+    code, out = run(example_inventory, "plan", "--from", "stock-v0-27")
+    assert code == 2 and "--from" in out and "stock-v0-27" in out and "Traceback" not in out
+
+
+def test_status_risks_follow_the_running_pin_set_and_the_drafter(example_inventory: Path) -> None:
+    fleet = load_fleet(example_inventory)
+    rig = fleet.rig("rig-01")
+    [risk] = status.risks(fleet, rig, "stock-v0-27-1", "fp8-mtp")
+    assert risk.startswith("https://github.com/vllm-project/vllm/issues/50021: MTP on hybrid GDN models")
+    assert "mtp_drafter off" in risk
+    assert status.risks(fleet, rig, "seed-2026-05", "tq3-mtp-genesis") == []
+    assert status.risks(fleet, rig.model_copy(update={"mtp_drafter": "off"}), "stock-v0-27-1", "fp8-mtp") == []
