@@ -167,10 +167,17 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
         f"say {q(f'Genesis {sha} from {src} verified')}",
     ]
     if not is_tarball(src):
+        if is_local(src) and local_path(src).is_file():
+            # a git bundle on the control machine (an air-gapped mirror): the rig clones it locally
+            bundle = f"{build}/genesis.bundle"
+            yield StringCommand(f"mkdir -p {q(build)}")
+            yield FileUploadCommand(str(local_path(src)), bundle)
+        else:
+            bundle = src
         yield script(
             f"image {tag}: Genesis {sha[:12]} (git)", build_log(tag), *common,
             f"note {q(f'genesis: clone {src}')}",
-            f'git clone --quiet --no-checkout -- {q(src)} "$G.tmp" >>"$LOG" 2>&1 '
+            f'git clone --quiet --no-checkout -- {q(bundle)} "$G.tmp" >>"$LOG" 2>&1 '
             f'|| fail {q(f"Genesis: cannot clone {src}")}',
             f'git -C "$G.tmp" -c advice.detachedHead=false checkout --quiet --detach {sha} >>"$LOG" 2>&1 '
             f'|| fail {q(f"Genesis: commit {sha} is not in {src}")}',

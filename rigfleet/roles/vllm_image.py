@@ -21,6 +21,7 @@ from rigfleet.context import RigContext
 from rigfleet.facts.image import DockerImageInfo
 from rigfleet.operations import image
 from rigfleet.operations.image import is_tarball
+from rigfleet.upstream.sources import resolve
 
 
 def provenance_labels(ctx: RigContext, tag: str) -> dict[str, str]:
@@ -50,8 +51,11 @@ def vllm_image(ctx: RigContext) -> None:
             image.overlay_fetched(name=f"Overlay {overlay.name}: fetch and verify {file.target}",
                                   tag=tag, overlay=overlay.name, file=file)
     if pinset.genesis:
+        # fetched through the inventory's mirror map (mirrors.yml); the tag keeps naming the
+        # pin set's own source, so a mirrored build and a direct one are the same image
+        tree = pinset.genesis.model_copy(update={"source": resolve(pinset.genesis.source, ctx.fleet.mirrors)})
         image.genesis_fetched(name=f"Genesis {pinset.genesis.commit[:12]}: fetch and verify", tag=tag,
-                              genesis=pinset.genesis)
+                              genesis=tree)
     image.base_image_present(name=f"Base image {pinset.base_image.ref}: get and verify", tag=tag,
                              base=pinset.base_image)
     image.wheels_fetched(name="Python deps: download wheels", tag=tag, from_ref=pinset.base_image.ref,

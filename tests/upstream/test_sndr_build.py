@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from io import BytesIO
 from pathlib import Path
 
@@ -17,10 +18,13 @@ import tomllib
 
 from rigfleet import catalog, render
 from rigfleet.loader import load_fleet
+from rigfleet.operations import image as image_ops
 from rigfleet.render import Release
+from rigfleet.roles.vllm_image import vllm_image
 from rigfleet.schema import MirrorMap
-from rigfleet.upstream.sources import tree_repo
+from rigfleet.upstream.sources import tree_facts, tree_repo
 from rigfleet.upstream.verify import probe_rig, releases_for, verify
+from tests.plan.test_image_weights import DIGEST, converge, make_ctx, pinset_data
 from tests.upstream.conftest import TREE_SOURCE
 
 V12_TREE = "7aa66f9ac6bc22b8e0d71cff75bf26ebbbd5ae97"
@@ -99,3 +103,34 @@ def test_rendered_install_and_plugin_check_work_on_the_real_tree(real_inventory:
     assert before.returncode != 0 and "plugin entry point vllm.general_plugins genesis_v7 is missing" in before.stderr
     after = run(script)
     assert after.returncode == 0, after.stderr[-2000:]
+
+
+def test_guard_allowlist_for_v12_is_the_real_trees(mirrors: MirrorMap) -> None:
+    facts = tree_facts(TREE_SOURCE, V12_TREE, mirrors, False)
+    versions = list(dict.fromkeys(v for v in facts.allowlist if v[0].isdigit()))  # docker tags left out
+    assert catalog.compat()["genesis_known_good_vllm"][V12_TREE] == versions
+    assert {"0.23.1rc1.dev424+g3f5a1e173", "0.23.1rc1.dev301+g04c2a8dea"} <= set(versions)
+
+
+def test_image_build_clones_the_real_v12_tree_through_the_mirror_map(mirrors: MirrorMap, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm_image role for real (@local): the pin set names the GitHub source, mirrors.yml maps
+    it to the shared mirror's git bundle, the bundle is uploaded and the real v12.0.0 tree lands in
+    the build dir at the pinned SHA; the image tag does not depend on where the tree came from."""
+    monkeypatch.setattr(image_ops, "LOG_DIR", str(tmp_path / "log"))
+    monkeypatch.setattr(image_ops, "BUILD_ROOT", str(tmp_path / "build"))
+    data = pinset_data(name="pin-sndr", vllm_version="0.23.1rc1.dev424+g3f5a1e173", overlays=[],
+                       genesis={"source": TREE_SOURCE, "commit": V12_TREE, "kind": "sndr-v12"},
+                       base_image={"repository": "vllm/vllm-openai", "tag": "nightly-x", "digest": DIGEST,
+                                   "archive": str(tmp_path / "missing-base.tar")})
+    direct = make_ctx(data, variant="tq3-mtp-sndr")
+    ctx = replace(direct, fleet=replace(direct.fleet, mirrors=mirrors))
+    tag = render.image_tag(ctx.pinset)
+    state, host = converge(vllm_image, ctx)
+    assert host in state.failed_hosts  # the base image step fails (no archive): the tree step ran before it
+    tree = Path(image_ops.build_dir(tag)) / "genesis"
+    assert (tree / "sndr" / "apply" / "__main__.py").is_file() and not (tree / "vllm" / "_genesis").exists()
+    assert 'genesis_v7 = "sndr.plugin:register"' in (tree / "pyproject.toml").read_text()
+    assert (Path(image_ops.build_dir(tag)) / ".rigfleet-steps" / "genesis").read_text().strip() == V12_TREE
+    log = Path(image_ops.build_log(tag)).read_text()
+    assert f"Genesis {V12_TREE} from {mirrors.prefixes[TREE_SOURCE]} verified" in log
