@@ -16,6 +16,7 @@ from typing import Any
 LEDGER_PATH = "/var/lib/rigfleet/ledger.json"
 SCHEMA = 1
 MAX_ATTEMPTS = 200  # keep the file small; the oldest attempts go first
+MAX_VERIFICATIONS = 100  # `rigfleet verify` results, kept apart from the attempts (they change nothing)
 LOG_TAIL_KEEP = 20
 
 # The keys of a release entry (`current` / `previous`), shared with `rigfleet status`.
@@ -28,7 +29,7 @@ def now() -> str:
 
 
 def empty(rig: str) -> dict[str, Any]:
-    return {"schema": SCHEMA, "rig": rig, "current": None, "previous": None, "attempts": []}
+    return {"schema": SCHEMA, "rig": rig, "current": None, "previous": None, "attempts": [], "verifications": []}
 
 
 def load(raw: Any, rig: str) -> dict[str, Any]:
@@ -36,8 +37,9 @@ def load(raw: Any, rig: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or "unreadable" in raw:
         return empty(rig)
     ledger = empty(rig) | copy.deepcopy(raw)
-    if not isinstance(ledger.get("attempts"), list):
-        ledger["attempts"] = []
+    for key in ("attempts", "verifications"):
+        if not isinstance(ledger.get(key), list):
+            ledger[key] = []
     for key in ("current", "previous"):
         if not isinstance(ledger.get(key), dict) or not ledger[key].get("release_id"):
             ledger[key] = None
@@ -144,3 +146,30 @@ def dumps(ledger: dict[str, Any]) -> str:
 def last_attempt(ledger: dict[str, Any]) -> dict[str, Any] | None:
     attempts = ledger.get("attempts") or []
     return attempts[-1] if attempts else None
+
+
+def verification(result: dict[str, Any], started: str, *, release_id: str | None) -> dict[str, Any]:
+    """A `rigfleet verify` record: the level, the verdict and each check, for the release that served."""
+    return {
+        "kind": "verify",
+        "release_id": release_id,
+        "level": result.get("level"),
+        "started": started,
+        "ended": now(),
+        "result": "passed" if result.get("ok") else "failed",
+        "gate": gate_record(result),
+        "kv_pool_tokens": result.get("kv_pool_tokens"),
+        "acceptance_length": result.get("acceptance_length"),
+    }
+
+
+def record_verification(ledger: dict[str, Any], verification_record: dict[str, Any]) -> dict[str, Any]:
+    """The ledger with one more verification (current/previous/attempts untouched)."""
+    ledger = copy.deepcopy(ledger)
+    ledger["verifications"] = [*ledger.get("verifications", []), verification_record][-MAX_VERIFICATIONS:]
+    return ledger
+
+
+def last_verification(ledger: dict[str, Any]) -> dict[str, Any] | None:
+    found = ledger.get("verifications") or []
+    return found[-1] if found else None

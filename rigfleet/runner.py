@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +214,16 @@ def _output(meta: Any) -> str:
     except (AssertionError, RuntimeError):  # no output was captured (e.g. a Python callback raised)
         text = ""
     return text.strip()[-300:]
+
+
+@contextlib.contextmanager
+def connected(fleet: Fleet, names: Iterable[str]) -> Iterator[tuple[State, dict[str, RigOutcome]]]:
+    """Connected pyinfra hosts for these rigs (unreachable ones reported in the outcomes), then disconnect."""
+    state, outcomes = _state(fleet, names)
+    try:
+        yield state, outcomes
+    finally:
+        disconnect_all(state)
 
 
 def read_facts(fleet: Fleet, names: Iterable[str], fact: type, **kwargs: Any) -> tuple[dict[str, Any],

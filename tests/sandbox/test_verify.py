@@ -1,0 +1,92 @@
+"""`rigfleet verify` end to end on a SIMULATED rig, over SSH: smoke and full on the serving release.
+
+Lean on purpose: it reuses the module sandbox and the release an earlier module left serving
+(test_serving.py leaves one); only when rig-01 serves nothing does it deploy once. The faults
+(each failing the check that names it) are covered against the same stand-in engine in
+tests/unit/test_verify_command.py and test_verify_ladder.py.
+
+Run it under the shared sandbox lock: flock /tmp/rigfleet-e2e.lock pytest tests/sandbox/test_verify.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import REPO_ROOT
+
+from .conftest import Sandbox, group_pinset, module_inventory
+
+RIG = "rig-01"
+SANDBOX_RIGS = 1
+
+pytestmark = pytest.mark.sandbox
+
+
+def bin_path(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)])
+
+
+def ledger(sandbox: Sandbox) -> dict[str, Any]:
+    proc = sandbox.ssh(RIG, "sudo cat /var/lib/rigfleet/ledger.json", check=False)
+    return dict(json.loads(proc.stdout)) if proc.returncode == 0 and proc.stdout.strip() else {}
+
+
+def serving_container(sandbox: Sandbox) -> str:
+    return sandbox.ssh(RIG, "sudo docker ps -q --filter label=io.rigfleet.release --filter status=running").stdout
+
+
+@pytest.fixture(scope="module")
+def serving(sandbox: Sandbox, inventory: Path) -> str:
+    """The release rig-01 serves; deployed here only when an earlier module left none."""
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
+    if not (ledger(sandbox).get("current") or {}).get("release_id") or not serving_container(sandbox).strip():
+        sandbox.ssh(RIG, "sudo mkdir -p /srv/models/chat-templates && "
+                         "{ [ -s /srv/models/chat-templates/froggeric.jinja ] || "
+                         "echo '{{ messages }}' | sudo tee /srv/models/chat-templates/froggeric.jinja >/dev/null; }")
+        proc = subprocess.run([bin_path("pyinfra"), "-y", "inventory.py", "deploy.py"], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return str(ledger(sandbox)["current"]["release_id"])
+
+
+def verify(inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([bin_path("rigfleet"), "verify", RIG, *args], cwd="/",
+                          env={**os.environ, "RIGFLEET_INVENTORY": str(inventory), "COLUMNS": "80"},
+                          capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-4000:], proc.stderr[-4000:])
+    return proc
+
+
+def test_smoke_and_full_pass_on_the_serving_rig_and_change_only_the_ledger(
+        sandbox: Sandbox, inventory: Path, serving: str) -> None:
+    before = ledger(sandbox)
+    container = serving_container(sandbox)
+    smoke = verify(inventory, "--level", "smoke")
+    assert smoke.returncode == 0, smoke.stderr
+    assert max(len(line) for line in smoke.stdout.splitlines()) <= 80 and "pass" in smoke.stdout
+    full = verify(inventory, "--level", "full", "--json")
+    assert full.returncode == 0, full.stderr
+    [row] = json.loads(full.stdout)
+    assert row["ok"] and row["release_id"] == serving and row["recorded"]
+    assert {"streaming", "tool_call", "tool_call_stream", "degeneracy", "soak"} <= {c["name"] for c in row["checks"]}
+    assert f"{RIG}  streaming" in full.stderr  # progress from the rig, as it went
+    after = ledger(sandbox)
+    added = after["verifications"][len(before.get("verifications") or []):]
+    assert [(v["level"], v["result"], v["release_id"]) for v in added] == [("smoke", "passed", serving),
+                                                                            ("full", "passed", serving)]
+    assert {k: after.get(k) for k in ("current", "previous", "attempts")} == {
+        k: before.get(k) for k in ("current", "previous", "attempts")}
+    assert serving_container(sandbox) == container  # the engine was not restarted
+    assert sandbox.ssh(RIG, "ls -d /tmp/rigfleet-verify-* 2>/dev/null | wc -l").stdout.strip() == "0"

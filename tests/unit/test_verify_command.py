@@ -1,0 +1,187 @@
+"""`rigfleet verify` end to end on the control side, against the SIMULATED engine served locally.
+
+Each "rig" is a directory standing for its filesystem root (the release under opt/rigfleet, the
+ledger under var/lib/rigfleet), a fake `docker` that reports the container and the engine's boot
+log, and a local shell in place of SSH. The command, its stdin (the probe's files) and the ledger
+writes are the ones a real rig gets; only the paths are moved under the rig's root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from rigfleet import ledger, verify
+from rigfleet.cli import main
+from rigfleet_sandbox import engine
+from tests.unit.test_sim_engine import PIN_A, Served
+from tests.unit.test_verify_ladder import ARGS, GATE
+
+RELEASE = "int8-mtp-abc"
+FAKE_DOCKER = """#!/bin/sh
+case "$1" in
+  inspect) cat "$RIG_ROOT/inspect.json" ;;
+  logs) cat "$RIG_ROOT/engine.log" ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("verify-site")
+    engine.install_standin_vllm(root / "site", PIN_A, overlays=True)
+    engine.build_weights(root)
+    return root
+
+
+def local_exec(root: Path) -> verify.Exec:
+    """A shell on the 'rig': rig paths mapped under root, stderr handed over line by line."""
+    bin_dir = root / "bin"
+    env = {**os.environ, "RIG_ROOT": str(root), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def mapped(text: str) -> str:
+        return text.replace("/opt/rigfleet", f"{root}/opt/rigfleet").replace("/var/lib/rigfleet",
+                                                                              f"{root}/var/lib/rigfleet")
+
+    def execute(command: str, stdin: str, on_line: Callable[[str], None], timeout: float) -> tuple[int, str]:
+        proc = subprocess.Popen(["sh", "-c", mapped(command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
+        reader.start()
+        assert proc.stdin and proc.stderr
+        proc.stdin.write(mapped(stdin))
+        proc.stdin.close()
+        for line in proc.stderr:
+            on_line(line.rstrip("\n"))
+        reader.join(timeout)
+        return proc.wait(timeout), "".join(out)
+
+    return execute
+
+
+@pytest.fixture
+def rigs(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Path]]:
+    """add(name, fault) -> the root of a 'rig' serving the simulated engine with that fault."""
+    started: list[Served] = []
+    execs: dict[str, verify.Exec] = {}
+
+    def add(name: str, fault: str = "") -> Path:
+        root = tmp_path / name
+        served = Served(site / "site", site / "weights" / engine.WEIGHTS_NAME, ARGS,
+                        {"RIGFLEET_SANDBOX_FAULT": fault})
+        started.append(served)
+        assert served.wait_ready(), served.log
+        release = root / "opt/rigfleet/current"
+        release.mkdir(parents=True)
+        meta = {"release_id": RELEASE, "container_name": "vllm-test", "base_url": served.url(""),
+                "served_model_names": ["qwen3.6-27b-autoround"], "needs_genesis": False, "mtp_tokens": 3,
+                "max_model_len": 24576, "kv_predicted": None, "gate": GATE}
+        (release / "release.json").write_text(json.dumps(meta))
+        (release / "rigfleet.env").write_text("VLLM_API_KEY=\n")
+        (root / "engine.log").write_text(served.log + "\n")
+        (root / "inspect.json").write_text(json.dumps([{"Id": "c0ffee", "RestartCount": 0, "State": {
+            "Status": "running", "ExitCode": 0}, "Config": {"Labels": {"io.rigfleet.release": RELEASE}}}]))
+        book = ledger.empty(name) | {"current": {"release_id": RELEASE, "variant": "int8-mtp"}}
+        (root / "var/lib/rigfleet").mkdir(parents=True)
+        (root / "var/lib/rigfleet/ledger.json").write_text(ledger.dumps(book))
+        (root / "bin").mkdir()
+        (root / "bin/docker").write_text(FAKE_DOCKER)
+        (root / "bin/docker").chmod(0o755)
+        execs[name] = local_exec(root)
+        return root
+
+    @contextlib.contextmanager
+    def connect(names: list[str]) -> Iterator[dict[str, verify.Exec | str]]:
+        yield {name: execs.get(name) or "Connection refused" for name in names}
+
+    monkeypatch.setattr(verify, "ssh_connect", lambda fleet: connect)
+    yield add
+    for served in started:
+        served.stop()
+
+
+def run(inventory: Path, *args: str) -> Any:
+    return CliRunner().invoke(main, ["verify", *args], env={"RIGFLEET_INVENTORY": str(inventory), "COLUMNS": "80"})
+
+
+def verifications(root: Path) -> list[dict[str, Any]]:
+    return json.loads((root / "var/lib/rigfleet/ledger.json").read_text())["verifications"]
+
+
+def test_healthy_rig_passes_smoke_and_full_and_both_land_in_its_ledger(rigs: Any, example_inventory: Path) -> None:
+    root = rigs("rig-01")
+    smoke = run(example_inventory, "rig-01", "--level", "smoke", "--timeout", "60")
+    assert smoke.exit_code == 0, smoke.output
+    full = run(example_inventory, "rig-01", "--level", "full", "--timeout", "120", "--json")
+    assert full.exit_code == 0, full.output
+    rows = json.loads(full.stdout)
+    assert [(r["rig"], r["ok"], r["level"], r["release_id"], r["recorded"]) for r in rows] == [
+        ("rig-01", True, "full", RELEASE, True)]
+    assert {"streaming", "tool_call", "degeneracy", "needle_2k", "soak", "mtp_acceptance"} <= {
+        c["name"] for c in rows[0]["checks"]}
+    # progress per rig as it went (stderr), then the summary table within 80 columns
+    assert "rig-01  verify full of int8-mtp-abc" in full.stderr and "rig-01  streaming" in full.stderr
+    table = smoke.stdout.splitlines()
+    assert any(line.split("│")[1:3] and "rig-01" in line and "pass" in line for line in table), smoke.stdout
+    assert max(len(line) for line in table) <= 80
+    recorded = verifications(root)
+    assert [(v["kind"], v["level"], v["result"], v["release_id"]) for v in recorded] == [
+        ("verify", "smoke", "passed", RELEASE), ("verify", "full", "passed", RELEASE)]
+    book = json.loads((root / "var/lib/rigfleet/ledger.json").read_text())
+    assert book["current"]["release_id"] == RELEASE and book["attempts"] == []  # serving state untouched
+
+
+def test_a_fault_fails_its_rig_naming_the_check_and_not_the_others(rigs: Any, example_inventory: Path) -> None:
+    healthy, broken = rigs("rig-01"), rigs("rig-02", "bang-flood")
+    result = run(example_inventory, "rig-01", "rig-02", "--level", "full", "--timeout", "120", "--json")
+    assert result.exit_code == 1, result.output
+    rows = {r["rig"]: r for r in json.loads(result.stdout)}
+    assert rows["rig-01"]["ok"] and not rows["rig-02"]["ok"]
+    assert "degeneracy" in rows["rig-02"]["failed"]
+    assert "rig-02  FAILED: " in result.stderr and "degeneracy" in result.stderr
+    assert verifications(healthy)[-1]["result"] == "passed"
+    last = verifications(broken)[-1]
+    assert last["result"] == "failed" and "degeneracy" in {c["name"] for c in last["gate"]["checks"] if not c["ok"]}
+
+
+def test_unreachable_and_not_serving_rigs_fail(rigs: Any, example_inventory: Path) -> None:
+    root = rigs("rig-01")
+    book = ledger.empty("rig-01")
+    (root / "var/lib/rigfleet/ledger.json").write_text(ledger.dumps(book))
+    result = run(example_inventory, "rig-01", "rig-11", "--level", "smoke", "--timeout", "30", "--json")
+    assert result.exit_code == 1
+    rows = {r["rig"]: r for r in json.loads(result.stdout)}
+    assert not rows["rig-01"]["ok"] and "not serving" in rows["rig-01"]["error"]
+    assert not rows["rig-11"]["reachable"] and "Connection refused" in rows["rig-11"]["error"]
+    assert verifications(root) == []  # nothing to record against
+
+
+@pytest.mark.parametrize(("args", "needles"), [
+    (["rig-01", "--level", "fast"], ["--level", "'fast'", "smoke, full, stress, soak"]),
+    (["rig-99", "--level", "full"], ["rig-99", "no such rig", "rig-01"]),
+    (["rig-01", "--timeout", "soon"], ["--timeout", "'soon'", "1 to 3600"]),
+    (["--group", "nope"], ["--group", "'nope'", "groups: lab, prod"]),
+])
+def test_bad_input_is_one_line_exit_2_and_contacts_nothing(example_inventory: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          args: list[str], needles: list[str]) -> None:
+    def refuse(fleet: Any) -> Any:
+        raise AssertionError("a rig was contacted")
+
+    monkeypatch.setattr(verify, "ssh_connect", refuse)
+    result = run(example_inventory, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(needle in lines[0] for needle in needles), lines[0]
+    assert "Traceback" not in result.output
