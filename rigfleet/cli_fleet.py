@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import liveness, pindiff, rollout, status
+from rigfleet import cli_watch, live, liveness, pindiff, rollout, status
 from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
@@ -77,14 +77,20 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
 
 
 @click.command(name="status")
-@click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON list instead of a table (with the live fields)")
+@click.option("--watch", is_flag=True, help="a live view of every rig (engine, GPUs, last gate/verify)")
+@click.option("--interval", default="5", show_default=True, help="seconds between refreshes of --watch")
+@click.option("--count", default=None, help="stop --watch after this many frames (default: until Ctrl-C)")
 @user_errors
-def status_command(as_json: bool) -> None:
+def status_command(as_json: bool, watch: bool, interval: str, count: str | None) -> None:
     """Per rig, read-only: reachability, host stack, current release, health and drift."""
+    if watch:
+        cli_watch.run(interval, count)
+        return
     fleet, _ = load_checked()
     rows = status.collect(fleet)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(live.merge(rows, live.collect(fleet)), indent=2))
         return
     table = Table(title=f"rigfleet status: {fleet.inventory_dir}")
     for column in ("rig", "up", "distro/kernel", "driver", "docker", "toolkit", "release", "healthy",

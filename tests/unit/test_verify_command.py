@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from rigfleet import ledger, verify
 from rigfleet.cli import main
-from rigfleet_sandbox import engine
+from rigfleet_sandbox import aptrepo, engine
 from tests.unit.test_sim_engine import PIN_A, Served
 from tests.unit.test_verify_ladder import ARGS, GATE
 
@@ -44,23 +44,27 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def mapped(text: str, root: Path) -> str:
+    """Rig paths moved under the rig's root."""
+    for path in ("/opt/rigfleet", "/var/lib/rigfleet"):
+        text = text.replace(path, f"{root}{path}")
+    return text
+
+
 def local_exec(root: Path) -> verify.Exec:
     """A shell on the 'rig': rig paths mapped under root, stderr handed over line by line."""
     bin_dir = root / "bin"
-    env = {**os.environ, "RIG_ROOT": str(root), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-    def mapped(text: str) -> str:
-        return text.replace("/opt/rigfleet", f"{root}/opt/rigfleet").replace("/var/lib/rigfleet",
-                                                                              f"{root}/var/lib/rigfleet")
+    env = {**os.environ, "RIG_ROOT": str(root), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "RIGFLEET_SIM_NVIDIA_STATE_DIR": str(root / "nvidia-state")}
 
     def execute(command: str, stdin: str, on_line: Callable[[str], None], timeout: float) -> tuple[int, str]:
-        proc = subprocess.Popen(["sh", "-c", mapped(command)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(["sh", "-c", mapped(command, root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env)
         out: list[str] = []
         reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
         reader.start()
         assert proc.stdin and proc.stderr
-        proc.stdin.write(mapped(stdin))
+        proc.stdin.write(mapped(stdin, root))
         proc.stdin.close()
         for line in proc.stderr:
             on_line(line.rstrip("\n"))
@@ -78,8 +82,11 @@ def rigs(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
     def add(name: str, fault: str = "") -> Path:
         root = tmp_path / name
+        state = root / "nvidia-state"  # the stand-in nvidia-smi's GPUs, which the engine's memory lands on
+        state.mkdir(parents=True)
+        (state / "module-version").write_text(aptrepo.DRIVER_VERSIONS[0] + "\n")
         served = Served(site / "site", site / "weights" / engine.WEIGHTS_NAME, ARGS,
-                        {"RIGFLEET_SANDBOX_FAULT": fault})
+                        {"RIGFLEET_SANDBOX_FAULT": fault, "RIGFLEET_SIM_NVIDIA_STATE_DIR": str(state)})
         started.append(served)
         assert served.wait_ready(), served.log
         release = root / "opt/rigfleet/current"
@@ -98,6 +105,9 @@ def rigs(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         (root / "bin").mkdir()
         (root / "bin/docker").write_text(FAKE_DOCKER)
         (root / "bin/docker").chmod(0o755)
+        (root / "bin/nvidia-smi").write_bytes(aptrepo.render_asset("bin/nvidia-smi", aptrepo.DRIVER_VERSIONS[0]))
+        (root / "bin/nvidia-smi").chmod(0o755)
+        (root / "engine.url").write_text(served.url(""))
         execs[name] = local_exec(root)
         return root
 
