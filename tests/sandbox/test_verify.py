@@ -90,3 +90,4 @@ def test_smoke_and_full_pass_on_the_serving_rig_and_change_only_the_ledger(
         k: before.get(k) for k in ("current", "previous", "attempts")}
     assert serving_container(sandbox) == container  # the engine was not restarted
     assert sandbox.ssh(RIG, "ls -d /tmp/rigfleet-verify-* 2>/dev/null | wc -l").stdout.strip() == "0"
+
