@@ -29,7 +29,7 @@ def now() -> str:
 
 
 def empty(rig: str) -> dict[str, Any]:
-    return {"schema": SCHEMA, "rig": rig, "current": None, "previous": None, "attempts": [], "verifications": []}
+    return {"schema": SCHEMA, "rig": rig, "current": None, "previous": None, "attempts": []}
 
 
 def load(raw: Any, rig: str) -> dict[str, Any]:
@@ -37,9 +37,8 @@ def load(raw: Any, rig: str) -> dict[str, Any]:
     if not isinstance(raw, dict) or "unreadable" in raw:
         return empty(rig)
     ledger = empty(rig) | copy.deepcopy(raw)
-    for key in ("attempts", "verifications"):
-        if not isinstance(ledger.get(key), list):
-            ledger[key] = []
+    if not isinstance(ledger.get("attempts"), list):
+        ledger["attempts"] = []
     for key in ("current", "previous"):
         if not isinstance(ledger.get(key), dict) or not ledger[key].get("release_id"):
             ledger[key] = None
@@ -163,13 +162,8 @@ def verification(result: dict[str, Any], started: str, *, release_id: str | None
     }
 
 
-def record_verification(ledger: dict[str, Any], verification_record: dict[str, Any]) -> dict[str, Any]:
-    """The ledger with one more verification (current/previous/attempts untouched)."""
-    ledger = copy.deepcopy(ledger)
-    ledger["verifications"] = [*ledger.get("verifications", []), verification_record][-MAX_VERIFICATIONS:]
-    return ledger
-
-
-def last_verification(ledger: dict[str, Any]) -> dict[str, Any] | None:
-    found = ledger.get("verifications") or []
-    return found[-1] if found else None
+def record_verification(raw: dict[str, Any], verification_record: dict[str, Any]) -> dict[str, Any]:
+    """The ledger file's JSON with one more verification; every other key is kept as it was."""
+    found = raw.get("verifications")
+    kept = [v for v in found if isinstance(v, dict)] if isinstance(found, list) else []
+    return {**raw, "verifications": [*kept, verification_record][-MAX_VERIFICATIONS:]}

@@ -123,8 +123,8 @@ def probe_spec(level: str, timeout_s: int) -> str:
     return json.dumps({"files": gate.rig_files(), "args": args})
 
 
-def read_ledger(run: Exec, rig: str) -> dict[str, Any] | None:
-    """The rig's ledger; None when there is none or it is unreadable (then nothing is written)."""
+def read_ledger(run: Exec) -> dict[str, Any] | None:
+    """The rig's ledger file as JSON; None when there is none or it is unreadable (then nothing is written)."""
     code, out = run(f"cat {q(LEDGER_PATH)}", "", lambda _: None, 60)
     if code != 0:
         return None
@@ -132,15 +132,20 @@ def read_ledger(run: Exec, rig: str) -> dict[str, Any] | None:
         raw = json.loads(out)
     except ValueError:
         return None
-    return ledger.load(raw, rig) if isinstance(raw, dict) else None
+    return raw if isinstance(raw, dict) else None
 
 
-def write_ledger(run: Exec, book: dict[str, Any]) -> bool:
+def current_release(raw: dict[str, Any] | None) -> str | None:
+    current = (raw or {}).get("current")
+    return current.get("release_id") if isinstance(current, dict) else None
+
+
+def write_ledger(run: Exec, raw: dict[str, Any]) -> bool:
     """Atomic, as the serving operation writes it: temp file in the same dir, then rename."""
     directory = LEDGER_PATH.rsplit("/", 1)[0]
     command = (f'set -e; t=$(mktemp {q(directory)}/.rigfleet.XXXXXX); cat > "$t"; chmod 0644 "$t"; '
                f'mv -f "$t" {q(LEDGER_PATH)}')
-    code, _ = run(command, ledger.dumps(book), lambda _: None, 60)
+    code, _ = run(command, json.dumps(raw, indent=2) + "\n", lambda _: None, 60)
     return code == 0
 
 
@@ -149,12 +154,11 @@ def verify_rig(rig: str, run: Exec, level: str, timeout_s: int, say: Callable[[s
     result = RigResult(rig, level)
     started, clock = ledger.now(), time.monotonic()
     try:
-        book = read_ledger(run, rig)
-        if book is None or not ledger.current_id(book):
+        result.release_id = current_release(read_ledger(run))
+        if result.release_id is None:
             result.error = "not serving: the rig's ledger names no current release (deploy it first)"
             say(rig, result.error)
             return result
-        result.release_id = ledger.current_id(book)
         say(rig, f"verify {level} of {result.release_id}")
 
         def progress(line: str) -> None:
@@ -169,7 +173,9 @@ def verify_rig(rig: str, run: Exec, level: str, timeout_s: int, say: Callable[[s
         result.acceptance_length = verdict.get("acceptance_length")
         verdict.setdefault("level", level)
         record = ledger.verification(verdict, started, release_id=result.release_id)
-        result.recorded = write_ledger(run, ledger.record_verification(read_ledger(run, rig) or book, record))
+        book = read_ledger(run)  # again: a deploy may have written it meanwhile
+        if book is not None:
+            result.recorded = write_ledger(run, ledger.record_verification(book, record))
     except Exception as exc:  # a dropped or silent channel (socket, paramiko): this rig fails, not the run
         result.error = f"no answer from the rig: {type(exc).__name__}: {exc}".strip()
     finally:

@@ -99,9 +99,10 @@ def rigs(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
         (root / "engine.log").write_text(served.log + "\n")
         (root / "inspect.json").write_text(json.dumps([{"Id": "c0ffee", "RestartCount": 0, "State": {
             "Status": "running", "ExitCode": 0}, "Config": {"Labels": {"io.rigfleet.release": RELEASE}}}]))
-        book = ledger.empty(name) | {"current": {"release_id": RELEASE, "variant": "int8-mtp"}}
+        book = {"schema": 1, "rig": name, "current": {"release_id": RELEASE, "variant": "int8-mtp"},
+                "previous": None, "attempts": []}
         (root / "var/lib/rigfleet").mkdir(parents=True)
-        (root / "var/lib/rigfleet/ledger.json").write_text(ledger.dumps(book))
+        (root / "var/lib/rigfleet/ledger.json").write_text(json.dumps(book))
         (root / "bin").mkdir()
         (root / "bin/docker").write_text(FAKE_DOCKER)
         (root / "bin/docker").chmod(0o755)
@@ -126,7 +127,7 @@ def run(inventory: Path, *args: str) -> Any:
 
 
 def verifications(root: Path) -> list[dict[str, Any]]:
-    return json.loads((root / "var/lib/rigfleet/ledger.json").read_text())["verifications"]
+    return list(json.loads((root / "var/lib/rigfleet/ledger.json").read_text()).get("verifications", []))
 
 
 def test_healthy_rig_passes_smoke_and_full_and_both_land_in_its_ledger(rigs: Any, example_inventory: Path) -> None:
@@ -167,8 +168,8 @@ def test_a_fault_fails_its_rig_naming_the_check_and_not_the_others(rigs: Any, ex
 
 def test_unreachable_and_not_serving_rigs_fail(rigs: Any, example_inventory: Path) -> None:
     root = rigs("rig-01")
-    book = ledger.empty("rig-01")
-    (root / "var/lib/rigfleet/ledger.json").write_text(ledger.dumps(book))
+    book = {"schema": 1, "rig": "rig-01", "current": None, "previous": None, "attempts": []}
+    (root / "var/lib/rigfleet/ledger.json").write_text(json.dumps(book))
     result = run(example_inventory, "rig-01", "rig-11", "--level", "smoke", "--timeout", "30", "--json")
     assert result.exit_code == 1
     rows = {r["rig"]: r for r in json.loads(result.stdout)}
@@ -195,3 +196,16 @@ def test_bad_input_is_one_line_exit_2_and_contacts_nothing(example_inventory: Pa
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert all(needle in lines[0] for needle in needles), lines[0]
     assert "Traceback" not in result.output
+
+
+def test_the_ledger_keeps_every_other_key_and_the_last_verifications_only() -> None:
+    raw = {"schema": 1, "rig": "rig-01", "current": {"release_id": RELEASE}, "attempts": [{"result": "passed"}],
+           "someone_elses": {"x": 1}}
+    record = ledger.verification({"ok": False, "level": "soak", "checks": [
+        {"name": "vram_growth", "ok": False, "detail": "+900 MiB", "warning": False}]}, "t0", release_id=RELEASE)
+    book = ledger.record_verification(raw, record)
+    assert {k: v for k, v in book.items() if k != "verifications"} == raw
+    assert book["verifications"] == [record] and record["result"] == "failed" and record["level"] == "soak"
+    for _ in range(ledger.MAX_VERIFICATIONS + 5):
+        book = ledger.record_verification(book, record)
+    assert len(book["verifications"]) == ledger.MAX_VERIFICATIONS
