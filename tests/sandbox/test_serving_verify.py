@@ -1,7 +1,8 @@
 """`rigfleet verify` end to end on a SIMULATED rig, over SSH: smoke and full on the serving release.
 
 Lean on purpose: it reuses the module sandbox and the release an earlier module left serving
-(test_serving.py, which runs just before this module, leaves one); only when rig-01 serves nothing does it deploy once. The faults
+(test_serving.py, which runs just before this module, leaves one); only when rig-01 serves
+nothing does it deploy once. The faults
 (each failing the check that names it) are covered against the same stand-in engine in
 tests/unit/test_verify_command.py and test_verify_ladder.py.
 
