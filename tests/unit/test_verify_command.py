@@ -80,13 +80,13 @@ def rigs(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     started: list[Served] = []
     execs: dict[str, verify.Exec] = {}
 
-    def add(name: str, fault: str = "") -> Path:
+    def add(name: str, fault: str = "", **engine_env: str) -> Path:
         root = tmp_path / name
         state = root / "nvidia-state"  # the stand-in nvidia-smi's GPUs, which the engine's memory lands on
         state.mkdir(parents=True)
         (state / "module-version").write_text(aptrepo.DRIVER_VERSIONS[0] + "\n")
         served = Served(site / "site", site / "weights" / engine.WEIGHTS_NAME, ARGS,
-                        {"RIGFLEET_SANDBOX_FAULT": fault, "RIGFLEET_SIM_NVIDIA_STATE_DIR": str(state)})
+                        {"RIGFLEET_SANDBOX_FAULT": fault, "RIGFLEET_SIM_NVIDIA_STATE_DIR": str(state), **engine_env})
         started.append(served)
         assert served.wait_ready(), served.log
         release = root / "opt/rigfleet/current"
@@ -164,6 +164,16 @@ def test_a_fault_fails_its_rig_naming_the_check_and_not_the_others(rigs: Any, ex
     assert verifications(healthy)[-1]["result"] == "passed"
     last = verifications(broken)[-1]
     assert last["result"] == "failed" and "degeneracy" in {c["name"] for c in last["gate"]["checks"] if not c["ok"]}
+
+
+def test_soak_catches_a_late_failure_that_full_lets_through(rigs: Any, example_inventory: Path) -> None:
+    root = rigs("rig-01", "late-failure", RIGFLEET_SANDBOX_LATE_AFTER="40")
+    full = run(example_inventory, "rig-01", "--level", "full", "--timeout", "120")
+    assert full.exit_code == 0, full.output
+    soak = run(example_inventory, "rig-01", "--level", "soak", "--timeout", "120", "--json")
+    assert soak.exit_code == 1, soak.output
+    assert "soak_long" in json.loads(soak.stdout)[0]["failed"]
+    assert [(v["level"], v["result"]) for v in verifications(root)] == [("full", "passed"), ("soak", "failed")]
 
 
 def test_unreachable_and_not_serving_rigs_fail(rigs: Any, example_inventory: Path) -> None:
