@@ -18,11 +18,11 @@ from pyinfra.api import FactBase
 
 from rigfleet import runner
 from rigfleet.gate import checks
-from rigfleet.ledger import LEDGER_PATH
 from rigfleet.loader import Fleet
 from rigfleet.render import clamped_power_limit
+from rigfleet.rigstate import CURRENT_LINK, LEDGER_PATH
 
-CURRENT = "/opt/rigfleet/current"
+CURRENT = CURRENT_LINK
 # vLLM's Prometheus names (docs.vllm.ai/en/latest/design/metrics.html; the V1 engine's
 # vllm/v1/metrics/loggers.py); kv_cache_usage_perc was gpu_cache_usage_perc before v0.10.
 RUNNING = "vllm:num_requests_running"

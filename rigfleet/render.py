@@ -17,6 +17,7 @@ import jinja2
 
 from rigfleet import catalog, planner
 from rigfleet.escape import FILTERS
+from rigfleet.rigstate import CHAT_TEMPLATES_DIR
 from rigfleet.schema import PinSet, Rig, Variant
 
 CONTAINER_MODEL_ROOT = "/root/.cache/huggingface"
@@ -281,7 +282,7 @@ class Release:
 
 
 def chat_template_path(variant: Variant) -> str:
-    return f"/etc/rigfleet/chat-templates/{variant.chat_template}.jinja"
+    return f"{CHAT_TEMPLATES_DIR}/{variant.chat_template}.jinja"
 
 
 def host_files(rig: Rig) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import Any
 
 import click
 
@@ -29,23 +28,22 @@ def with_gate(fleet: Fleet, rig: str, level: str | None) -> Fleet:
     return replace(fleet, rigs=rigs)
 
 
-def describe(attempt: dict[str, Any] | None) -> list[str]:
+def describe(attempt: ledger.Attempt | None) -> list[str]:
     if not attempt:
         return ["no attempt recorded"]
-    lines = [f"{attempt.get('kind')} to {attempt.get('release_id')} ({attempt.get('variant')} on "
-             f"{attempt.get('pinset')}): {attempt.get('result')}"]
-    downtime = attempt.get("downtime_s")
+    lines = [f"{attempt.kind} to {attempt.release_id} ({attempt.variant} on {attempt.pinset}): {attempt.result}"]
+    downtime = attempt.downtime_s
     lines.append("downtime: " + (f"{downtime:.1f} s" if isinstance(downtime, (int, float)) else "not measured"))
-    if attempt.get("kv_pool_tokens"):
-        lines.append(f"KV pool: {attempt['kv_pool_tokens']} tokens")
-    if attempt.get("error"):
-        lines.append(f"gate: {attempt['error']}")
-    if attempt.get("restored"):
-        health = "healthy" if attempt.get("restore_ok") else "NOT healthy"
-        lines.append(f"serving again: {attempt['restored']} ({health})")
-    if attempt.get("result") == "failed" and attempt.get("log_tail"):
+    if attempt.kv_pool_tokens:
+        lines.append(f"KV pool: {attempt.kv_pool_tokens} tokens")
+    if attempt.error:
+        lines.append(f"gate: {attempt.error}")
+    if attempt.restored:
+        health = "healthy" if attempt.restore_ok else "NOT healthy"
+        lines.append(f"serving again: {attempt.restored} ({health})")
+    if attempt.result == "failed" and attempt.log_tail:
         lines.append("engine log (last lines):")
-        lines += [f"    {line}" for line in attempt["log_tail"]]
+        lines += [f"    {line}" for line in attempt.log_tail]
     return lines
 
 
@@ -67,7 +65,7 @@ def rollback(rig: str, level: str | None) -> None:
     after, _ = runner.read_facts(fleet, [rig], ServingState)
     book = ledger.load((after.get(rig) or {}).get("ledger"), rig)
     attempt = ledger.last_attempt(book)
-    if attempt is ledger.last_attempt(book_before) or len(book["attempts"]) == len(book_before["attempts"]):
+    if attempt is ledger.last_attempt(book_before) or len(book.attempts) == len(book_before.attempts):
         attempt = None  # nothing was recorded: refused before the swap (no previous release, unreachable)
     for line in describe(attempt):
         click.echo(f"{rig}: {line}")

@@ -12,13 +12,12 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, runner
+from rigfleet import catalog, ledger, runner
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
+from rigfleet.rigstate import LEDGER_PATH, LedgerEntry
 from rigfleet.schema import Rig
-
-LEDGER = "/var/lib/rigfleet/ledger.json"
 
 # Runs on the rig (python3 is there on every supported distro); never fails, always prints JSON.
 PROBE = r'''
@@ -46,7 +45,7 @@ except Exception:
 out["containers"] = sh("docker ps -a --filter label=io.rigfleet.release --format "
                        "'{{.Label \"io.rigfleet.release\"}} {{.State}} {{.Status}}' 2>/dev/null").splitlines()
 print(json.dumps(out))
-'''.replace("@LEDGER@", LEDGER)
+'''.replace("@LEDGER@", LEDGER_PATH)
 
 
 class RigProbe(FactBase):
@@ -60,10 +59,8 @@ class RigProbe(FactBase):
         return dict(json.loads("\n".join(output)))
 
 
-def _current(ledger: Any) -> dict[str, Any]:
-    if isinstance(ledger, dict) and isinstance(ledger.get("current"), dict):
-        return ledger["current"]
-    return {}
+def _current(raw: Any) -> LedgerEntry | None:
+    return ledger.load(raw, "").current
 
 
 def _gpus(smi: str) -> list[dict[str, str]] | None:
@@ -86,14 +83,14 @@ def drift(release: Release, probe: dict[str, Any]) -> list[str]:
     if not current:
         found.append(f"release: none (want {variant.name} on {pinset.name})")
     else:
-        if current.get("pinset") != pinset.name:
-            found.append(f"pinset: {current.get('pinset')} (want {pinset.name})")
-        if current.get("variant") != variant.name:
-            found.append(f"variant: {current.get('variant')} (want {variant.name})")
-        if current.get("image") not in (None, release.image) or current.get("image_tag") not in (None, release.image):
-            found.append(f"image: {current.get('image') or current.get('image_tag')} (want {release.image})")
-        if current.get("release_id") != want_release and not found:
-            found.append(f"release: {current.get('release_id')} (want {want_release})")
+        if current.pinset != pinset.name:
+            found.append(f"pinset: {current.pinset} (want {pinset.name})")
+        if current.variant != variant.name:
+            found.append(f"variant: {current.variant} (want {variant.name})")
+        if current.image not in (None, release.image) or current.image_tag not in (None, release.image):
+            found.append(f"image: {current.image_ref} (want {release.image})")
+        if current.release_id != want_release and not found:
+            found.append(f"release: {current.release_id} (want {want_release})")
     states = {line.split(" ", 1)[0]: line for line in probe.get("containers", [])}
     if current and not any(line.split(" ")[1:2] == ["running"] for line in states.values()):
         found.append("serving: no rigfleet container running")
@@ -130,7 +127,7 @@ def collect(fleet: Fleet) -> list[dict[str, Any]]:
         release = resolve(fleet, rig)
         probe = probes.get(rig.name)
         reachable = outcomes[rig.name].reachable and probe is not None
-        current = _current(probe.get("ledger")) if probe else {}
+        current = _current(probe.get("ledger")) if probe else None
         running = probe is not None and any(" running " in f" {line} " for line in probe.get("containers", []))
         gpus = _gpus(probe.get("nvidia_smi", "")) if probe else None
         rows.append({
@@ -141,14 +138,15 @@ def collect(fleet: Fleet) -> list[dict[str, Any]]:
             if probe and gpus else None,
             "docker": probe.get("docker") if probe else None,
             "toolkit": probe.get("toolkit") if probe else None,
-            "pinset": current.get("pinset"),
-            "variant": current.get("variant"),
-            "image_tag": current.get("image") or current.get("image_tag"),
-            "release_id": current.get("release_id"),
+            "pinset": current.pinset if current else None,
+            "variant": current.variant if current else None,
+            "image_tag": current.image_ref if current else None,
+            "release_id": current.release_id if current else None,
             "healthy": (running and "unhealthy" not in " ".join(probe.get("containers", []))) if probe else None,
-            "kv_pool_tokens": current.get("kv_pool_tokens"),
+            "kv_pool_tokens": current.kv_pool_tokens if current else None,
             "drift": drift(release, probe) if probe else ["unreachable"],
-            "risks": risks(fleet, rig, current.get("pinset") or rig.pinset, current.get("variant") or rig.variant),
+            "risks": risks(fleet, rig, (current.pinset if current else None) or rig.pinset,
+                           (current.variant if current else None) or rig.variant),
         })
     return rows
 

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rigfleet import gate, ledger
+from rigfleet import gate, ledger, rigstate
 from rigfleet.errors import InputError, Problem
 from rigfleet.gate import probe
 
@@ -33,8 +33,8 @@ SSH_MARGIN_S = 120
 # Phases the probe runs per level, each within --timeout: readiness, then full, stress or soak checks.
 PHASES = {"smoke": 1, "full": 2, "stress": 3, "soak": 3}
 # Module attributes, read at call time (tests point them at a local release).
-RELEASE_DIR = "/opt/rigfleet/current"
-LEDGER_PATH = ledger.LEDGER_PATH
+RELEASE_DIR = rigstate.CURRENT_LINK
+LEDGER_PATH = rigstate.LEDGER_PATH
 
 q = shlex.quote
 

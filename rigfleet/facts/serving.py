@@ -13,9 +13,8 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet.ledger import LEDGER_PATH
+from rigfleet.rigstate import LEDGER_PATH, RELEASES_DIR
 
-RELEASES_DIR = "/opt/rigfleet/releases"
 RELEASE_LABEL = "io.rigfleet.release"
 
 _SNIPPET = r'''

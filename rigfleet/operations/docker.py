@@ -15,9 +15,9 @@ from pyinfra.operations import files
 
 from rigfleet.facts.docker import DAEMON_JSON, DockerDaemonConfig, DockerImagePresent
 from rigfleet.facts.nvidia import CdiDevices, NvidiaSmi
+from rigfleet.rigstate import SMOKE_STAMP
 
 NVIDIA_RUNTIME_PATH = "nvidia-container-runtime"
-SMOKE_STAMP = "/var/lib/rigfleet/gpu-smoke"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 # What a rig's own root filesystem contributes to a locally built smoke image
 LOCAL_IMAGE_PATHS = ("bin", "lib", "lib64", "sbin", "usr", "etc/ld.so.conf", "etc/ld.so.conf.d")

@@ -25,15 +25,14 @@ from pyinfra.operations import files
 
 from rigfleet import catalog
 from rigfleet.facts.image import STAMP_DIR, BuildStamps, DockerImageInfo
-from rigfleet.operations.shell import LOG_DIR, dq, q, script, sha256_of
+from rigfleet.operations.shell import dq, q, script, sha256_of
+from rigfleet.rigstate import BUILD_ROOT, BUILDS_LEDGER, LOG_DIR
 from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
 
 # what an operation generator yields (pyinfra types @operation() functions as Generators)
 Commands = Generator[Any, None, None]
 
-BUILD_ROOT = "/var/lib/rigfleet/build"
 # One JSON line per image built on this rig: the fleet layer counts builds from it.
-BUILDS_LEDGER = "/var/lib/rigfleet/image-builds.jsonl"
 TARBALL = re.compile(r"\.(tar|tar\.gz|tgz|tar\.xz|txz|tar\.bz2|tar\.zst)$")
 
 

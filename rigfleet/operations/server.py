@@ -12,8 +12,7 @@ from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass
 
 from rigfleet.facts.nvidia import NvidiaSmi
 from rigfleet.facts.system import BootId, RebootRequired
-
-SERVING_COMPOSE = "/opt/rigfleet/current/compose.yaml"
+from rigfleet.rigstate import SERVING_COMPOSE
 
 
 @operation(is_idempotent=False)

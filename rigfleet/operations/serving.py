@@ -38,14 +38,21 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from rigfleet import gate, ledger
-from rigfleet.facts.serving import RELEASE_LABEL, RELEASES_DIR, ServingState, parse_state
-from rigfleet.ledger import LEDGER_PATH
+from rigfleet.facts.serving import RELEASE_LABEL, ServingState, parse_state
+from rigfleet.rigstate import (
+    CURRENT_LINK,
+    GATE_DIR,
+    LEDGER_PATH,
+    RELEASES_DIR,
+    ROOT,
+    Ledger,
+    ReleaseRecord,
+    release_dir,
+    release_record_path,
+)
 
 q = shlex.quote
 
-ROOT = "/opt/rigfleet"
-CURRENT_LINK = f"{ROOT}/current"
-GATE_DIR = f"{ROOT}/gate"
 ENV_FILE = "rigfleet.env"
 # Connector arguments that decide who runs a command; everything else stays per command.
 AUTH_KEYS = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user",
@@ -119,7 +126,7 @@ class ReleaseSpec:
     release_id: str
     image: str
     files: dict[str, str]  # non-secret files of the release dir, by name
-    meta: dict[str, Any]  # release.json: what the gate and the ledger need
+    meta: ReleaseRecord  # release.json: what the gate and the ledger need
     render_env: Callable[[dict[str, str]], str]
     secrets: tuple[SecretSource, ...] = ()
     cache_dirs: tuple[str, ...] = ()
@@ -131,7 +138,7 @@ class ReleaseSpec:
 
     @property
     def release_dir(self) -> str:
-        return f"{RELEASES_DIR}/{self.release_id}"
+        return release_dir(self.release_id)
 
     def resolve_secrets(self) -> dict[str, str]:
         return {source.field: source.read() for source in self.secrets}
@@ -275,7 +282,8 @@ def write_release(remote: Remote, spec: ReleaseSpec, env_text: str) -> None:
     for name, text in spec.files.items():
         remote.write(f"{spec.release_dir}/{name}", text, "0640")
     remote.write(f"{spec.release_dir}/{ENV_FILE}", env_text, "0600")
-    remote.write(f"{spec.release_dir}/release.json", json.dumps(spec.meta, indent=2, sort_keys=True), "0644")
+    record = json.dumps(spec.meta.to_json(), indent=2, sort_keys=True)
+    remote.write(release_record_path(spec.release_id), record, "0644")
     install_gate(remote)
 
 
@@ -294,15 +302,14 @@ def link_current(remote: Remote, release_dir: str) -> None:
                 f"pointing {CURRENT_LINK} at {release_dir}")
 
 
-def read_meta(remote: Remote, release_id: str) -> dict[str, Any] | None:
-    ok, out, _ = remote.run(f"cat {q(f'{RELEASES_DIR}/{release_id}/release.json')}")
+def read_meta(remote: Remote, release_id: str) -> ReleaseRecord | None:
+    ok, out, _ = remote.run(f"cat {q(release_record_path(release_id))}")
     if not ok:
         return None
     try:
-        meta = json.loads(out)
-    except ValueError:
+        return ReleaseRecord.model_validate_json(out)
+    except ValueError:  # not JSON, or not a release record (pydantic's ValidationError is one)
         return None
-    return meta if isinstance(meta, dict) else None
 
 
 def stop_others(remote: Remote, observed: dict[str, Any], keep: str) -> tuple[bool, list[str]]:
@@ -316,7 +323,7 @@ def stop_others(remote: Remote, observed: dict[str, Any], keep: str) -> tuple[bo
             by_release.setdefault(str(c.get("release")), []).append(c)
     for rid, containers in by_release.items():
         was_running |= any(c.get("status") in ("running", "restarting") for c in containers)
-        directory = f"{RELEASES_DIR}/{rid}"
+        directory = release_dir(rid)
         ok, _, _ = remote.run(f"test -f {q(directory)}/compose.yaml")
         if ok:
             remote.compose(directory, "down", f"stopping release {rid}")
@@ -336,23 +343,23 @@ class Swap:
     remote: Remote
     rig: str
     kind: str  # deploy | rollback
-    target: dict[str, Any]  # the target's release.json
+    target: ReleaseRecord  # the target's release.json
     level: str
     timeout_s: int
 
     @property
     def target_id(self) -> str:
-        return str(self.target["release_id"])
+        return self.target.release_id
 
     @property
     def target_dir(self) -> str:
-        return f"{RELEASES_DIR}/{self.target_id}"
+        return release_dir(self.target_id)
 
-    def run(self, book: dict[str, Any], fallback: str | None, started: str) -> None:
+    def run(self, book: Ledger, fallback: str | None, started: str) -> None:
         remote, host = self.remote, self.host
         record = ledger.attempt(self.kind, self.target, started, from_release=fallback)
         try:
-            refuse_unless_ready(remote, self.target_dir, str(self.target["image"]))
+            refuse_unless_ready(remote, self.target_dir, str(self.target.image))
         except ServingError as exc:
             remote.write(LEDGER_PATH, ledger.dumps(ledger.record(book, ledger.finish(record, "refused",
                                                                                      error=str(exc)))), "0644")
@@ -385,17 +392,17 @@ class Swap:
             return
         self.fail(book, record, result, fallback, stopped_at)
 
-    def fail(self, book: dict[str, Any], record: dict[str, Any], result: dict[str, Any], fallback: str | None,
+    def fail(self, book: Ledger, record: ledger.Attempt, result: dict[str, Any], fallback: str | None,
              stopped_at: float | None) -> None:
         remote, host = self.remote, self.host
-        container = str(self.target.get("container_name"))
+        container = str(self.target.container_name)
         tail = [str(line) for line in result.get("log_tail") or []] or remote.log_tail(container)
         _say(host, f"release {self.target_id} failed the {self.level} gate: {gate.summary(result)}", fg="red")
         remote.run(f"cd {q(self.target_dir)} && docker compose down")
         restored, restore_ok, downtime = None, None, None
         if fallback:
             restored = fallback
-            fallback_dir = f"{RELEASES_DIR}/{fallback}"
+            fallback_dir = release_dir(fallback)
             try:
                 remote.compose(fallback_dir, "up -d --force-recreate --remove-orphans", f"restarting {fallback}")
                 again = remote.gate(fallback_dir, "basic", self.timeout_s)
@@ -430,7 +437,7 @@ def _downtime(stopped_at: float | None, result: dict[str, Any]) -> float | None:
     return max(0.0, float(ready) - stopped_at)
 
 
-def serving_release(book: dict[str, Any], observed: dict[str, Any], remote: Remote, exclude: str) -> str | None:
+def serving_release(book: Ledger, observed: dict[str, Any], remote: Remote, exclude: str) -> str | None:
     """The release to return to on failure: the ledger's current one, else the running container's."""
     candidates = [ledger.current_id(book)]
     candidates += [c.get("release") for c in observed.get("containers") or [] if c.get("status") == "running"]
@@ -463,7 +470,7 @@ def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: in
         raise ServingError(f"{rig}: the ledger has no previous release to roll back to")
     meta = read_meta(remote, target_id)
     if meta is None:
-        raise ServingError(f"{rig}: release {target_id} is not on the rig any more ({RELEASES_DIR}/{target_id})")
+        raise ServingError(f"{rig}: release {target_id} is not on the rig any more ({release_dir(target_id)})")
     install_gate(remote)  # the gate of this rigfleet version, whatever wrote the release
     fallback = serving_release(book, observed, remote, exclude=target_id)
     Swap(host, remote, rig, "rollback", meta, level, timeout_s).run(book, fallback, started)

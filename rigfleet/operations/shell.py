@@ -13,8 +13,6 @@ from pyinfra.api import StringCommand
 
 q = shlex.quote
 
-LOG_DIR = "/var/log/rigfleet"
-
 
 def script(step: str, log: str, *lines: str) -> StringCommand:
     """One step as a POSIX sh script with `note`, `say`, `fail` (and `fetch` when it downloads)."""

@@ -25,7 +25,8 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File
 
 from rigfleet.facts.weights import WeightsManifest, WeightsState, safe_name
-from rigfleet.operations.shell import LOG_DIR, dq, q, script, sha256_of
+from rigfleet.operations.shell import dq, q, script, sha256_of
+from rigfleet.rigstate import LOG_DIR
 
 Commands = Generator[Any, None, None]
 

@@ -15,6 +15,7 @@ from rigfleet import planner
 from rigfleet.context import RigContext
 from rigfleet.operations import serving as ops
 from rigfleet.render import ENV_FILE, SECRET_ENV
+from rigfleet.rigstate import ReleaseRecord
 from rigfleet.schema import Rig
 
 
@@ -40,7 +41,7 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
             path = ctx.fleet.path(ref.file)
             secrets.append(ops.SecretSource(field_name, env=ref.env, path=str(path) if path else None))
     cache = f"{rig.cache_dir}/compile/{rel.cache_key()}"
-    meta = {
+    meta = ReleaseRecord.model_validate({
         "release_id": release_id,
         "rig": rig.name,
         "pinset": ctx.pinset.name,
@@ -56,7 +57,7 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
         "kv_predicted": planner.predict(rig, variant).kv_pool_tokens,
         "cache_key": rel.cache_key(),
         "gate": {"level": rig.gate, "timeout_s": rig.gate_timeout_s},
-    }
+    })
     return ops.ReleaseSpec(
         rig=rig.name,
         release_id=release_id,

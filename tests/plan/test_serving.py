@@ -224,8 +224,8 @@ def test_spec_repr_and_release_json_hold_no_secret(example_inventory: Path) -> N
     ctx = context(example_inventory, "rig-11")
     spec = release_spec(ctx)
     assert repr(spec) == f"ReleaseSpec(rig-11, {spec.release_id})"
-    assert "hf_secret_value" not in json.dumps(spec.meta) + json.dumps(spec.files)
-    assert spec.meta["base_url"] == "http://10.0.0.1:8015" and spec.level == "full"
+    assert "hf_secret_value" not in json.dumps(spec.meta.to_json()) + json.dumps(spec.files)
+    assert spec.meta.base_url == "http://10.0.0.1:8015" and spec.level == "full"
     assert "rigfleet.env" not in spec.files
 
 
