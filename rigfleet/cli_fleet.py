@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import cli_watch, live, liveness, pindiff, rollout, status
+from rigfleet import cli_watch, live, liveness, pindiff, rollout, runner, status
 from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
@@ -56,7 +56,7 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
                 out.print(f"    [yellow]{warning}[/yellow]")
         out.print(f"  wave took {wave.seconds:.0f} s")
 
-    result = rollout.run(fleet, plan, liveness.converge, max_failures, on_wave=done, on_start=start)
+    result = rollout.run(fleet, plan, runner.converge, max_failures, on_wave=done, on_start=start)
     out.print()
     if result.ok:
         out.print(f"[green]re-pin complete[/green]: {len(result.touched)} rigs converged")

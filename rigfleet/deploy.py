@@ -6,17 +6,13 @@ rig's validated model (rigfleet.context), never raw host.data.
 
 from __future__ import annotations
 
-from rigfleet import deadpeer
+from rigfleet import liveness
 from rigfleet.context import for_rig
-from rigfleet.roles import ROLES
+from rigfleet.roles import run_roles
 
 
 def run() -> None:
     from pyinfra import host
 
-    deadpeer.arm(host.connector)  # pyinfra connected before loading deploy.py; see rigfleet.deadpeer
-    context = for_rig(host.name)
-    # host.loop gives each role its own place in pyinfra's operation order: without it, operations
-    # of two roles called from this one line could share an identity and tangle the order.
-    for role in host.loop(ROLES):
-        role(context)
+    liveness.arm(host.connector)  # pyinfra connected before loading deploy.py; see rigfleet.liveness
+    run_roles(for_rig(host.name))

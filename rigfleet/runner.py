@@ -2,7 +2,9 @@
 
 `pyinfra inventory.py deploy.py` is the operator's converge; the fleet commands (repin, status,
 rollback) need the same thing for a subset of rigs with per-rig outcomes, so they drive pyinfra
-through its API: one fresh State per call (pyinfra keeps per-run state globally).
+through its API: one fresh State per call (pyinfra keeps per-run state globally). The roles run
+through rigfleet.roles.run_roles, the one role loop; every rig's connection is watched by
+rigfleet.liveness (a rig that goes dark fails its converge as LOST instead of hanging).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import deadpeer, hostkeys, release
+from rigfleet import hostkeys, liveness, release
 from rigfleet.context import context_of, pyinfra_host_data
 from rigfleet.loader import Fleet
+from rigfleet.roles import ROLES, run_roles
 
 
 @dataclass
@@ -61,7 +64,7 @@ def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, di
     with contextlib.suppress(PyinfraError), _PyinfraLog() as log:
         connect_all(state)
     for host in state.active_hosts:
-        deadpeer.arm(host.connector)  # a rig that goes dark mid-command fails it instead of hanging
+        liveness.arm(host.connector)  # a rig that goes dark mid-command fails it instead of hanging
     for host in state.inventory:
         if host not in state.active_hosts:
             outcomes[host.name].reachable = False
@@ -116,11 +119,11 @@ def _exception_text(formatted: str) -> str:
 
 def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None,
              callbacks: Iterable[BaseStateCallback] = ()) -> dict[str, RigOutcome]:
-    """Run the roles on these rigs in parallel; per-rig outcome, a failing rig never stops the others."""
-    if roles is None:
-        roles = _roles()
+    """Run the roles (default: all) on these rigs in parallel; per-rig outcome, a failing rig never
+    stops the others, a connection lost mid-converge is named as such (rigfleet.liveness)."""
+    chosen = list(ROLES if roles is None else roles)
     state, outcomes = _state(fleet, names)
-    for callback in callbacks:
+    for callback in [liveness.DeadPeerDetection(), *callbacks]:
         state.add_callback_handler(callback)
     log = _PyinfraLog()
     try:
@@ -133,18 +136,20 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
             def deploy_rig() -> None:
                 from pyinfra import host
 
-                for role in host.loop(roles):  # one identity per role (see deploy.py)
-                    role(contexts[host.name])
+                run_roles(contexts[host.name], chosen)
 
             _prepare_in_parallel(state, deploy_rig)
             try:
-                with log:
+                with log, liveness.watching():
                     run_ops(state)
             except PyinfraError as exc:  # raised when no host is left; per-host errors are below
                 logging.getLogger(__name__).debug("run_ops: %s", exc)
         _collect(state, outcomes, log.raised)
     finally:
         disconnect_all(state)
+    for outcome in outcomes.values():
+        if outcome.reachable and not outcome.ok:
+            outcome.errors = liveness.name_losses(outcome.errors)
     return outcomes
 
 
@@ -169,12 +174,6 @@ def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
     for greenlet in greenlets:
         if isinstance(greenlet.value, BaseException):
             raise greenlet.value
-
-
-def _roles() -> list[Role]:
-    from rigfleet.roles import ROLES
-
-    return list(ROLES)
 
 
 def _collect(state: State, outcomes: dict[str, RigOutcome], raised: dict[str, list[str]] | None = None) -> None:

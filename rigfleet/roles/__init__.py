@@ -1,6 +1,10 @@
-"""Roles: one @deploy function per layer, each fed by the validated RigContext."""
+"""Roles: one @deploy function per layer, each fed by the validated RigContext.
 
-from collections.abc import Callable
+`run_roles` is THE role loop: `pyinfra deploy.py` (rigfleet.deploy), the fleet commands
+(rigfleet.runner) and every partial deploy (a role subset) go through it.
+"""
+
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rigfleet.roles.apt_base import apt_base
@@ -24,3 +28,15 @@ HOST_LAYER: list[Callable[..., Any]] = [
     gpu_tuning,
 ]
 ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, serving]
+
+
+def run_roles(context: Any, roles: Sequence[Callable[..., Any]] | None = None) -> None:
+    """Call each role (default: all of ROLES, in layer order) for the rig pyinfra is on now.
+
+    host.loop gives each role its own place in pyinfra's operation order: without it, operations
+    of two roles called from this one line could share an identity and tangle the order.
+    """
+    from pyinfra import host
+
+    for role in host.loop(list(ROLES if roles is None else roles)):
+        role(context)

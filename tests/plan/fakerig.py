@@ -265,7 +265,7 @@ def with_pins(context: RigContext, **pins: Any) -> RigContext:
 
 def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] | None = None) -> Plan:
     """Run the roles against `rig` on a fake host and record what they would do."""
-    from rigfleet.roles import HOST_LAYER
+    from rigfleet.roles import HOST_LAYER, run_roles
 
     events: list[tuple[str, str]] = []
     uploads: dict[str, str] = {}
@@ -316,8 +316,7 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
     connector.put_file = put_file  # type: ignore[method-assign,assignment]
     failed = False
     with patch.object(FunctionCommand, "execute", call):
-        for role in roles if roles is not None else HOST_LAYER:
-            add_deploy(state, role, context)
+        add_deploy(state, run_roles, context, HOST_LAYER if roles is None else roles)  # the deploy's role loop
         try:
             run_ops(state)
         except PyinfraError:

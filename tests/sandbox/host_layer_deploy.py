@@ -7,8 +7,6 @@ sandbox apart from the image and serving layers:
 from pyinfra import host
 
 from rigfleet.context import for_rig
-from rigfleet.roles import HOST_LAYER
+from rigfleet.roles import HOST_LAYER, run_roles
 
-context = for_rig(host.name)
-for role in HOST_LAYER:
-    role(context)
+run_roles(for_rig(host.name), HOST_LAYER)
