@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from io import StringIO
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -13,10 +14,12 @@ from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import files
 
+from rigfleet import render
 from rigfleet.facts.apt import AptRepositoryFiles, AptSourceEntries, DpkgInterrupted, HeldPackages, SourceEntry
 from rigfleet.facts.files import ManagedFile
 from rigfleet.facts.system import KernelHeaders
 from rigfleet.operations.files import matches
+from rigfleet.schema import AptRepo
 
 # rigfleet moves held packages itself (a re-pin) and may go back to an older pinned version
 INSTALL = "install --allow-change-held-packages --allow-downgrades"
@@ -70,6 +73,31 @@ def repository(key_url: str, fingerprint: str, keyring: str, source: str, conten
         yield StringCommand("rm -f", *(shlex.quote(path) for path in present.legacy))
     if not source_ok:
         yield from files.put._inner(src=StringIO(content), dest=source, mode="0644")
+
+
+def vendor_repository(*, name: str, description: str, repo: AptRepo, keyring: str, stem: str, suite: str = "/",
+                      components: Iterable[str] = (), architectures: Iterable[str] = ()) -> Any:
+    """The repo-setup step of the host layer's vendor repositories (CUDA, Docker CE, the toolkit):
+    key checked by fingerprint into `keyring`, the deb822 source `STEM.sources` rendered from
+    apt/rigfleet-repo.sources.j2, and the vendor's documented one-line `STEM.list` (same URL,
+    another Signed-By) removed."""
+    return repository(
+        name=name,
+        key_url=repo.key_url,
+        fingerprint=repo.key_fingerprint,
+        keyring=keyring,
+        source=f"{stem}.sources",
+        content=render.render(
+            "apt/rigfleet-repo.sources.j2",
+            description=description,
+            url=repo.url,
+            suite=suite,
+            components=list(components),
+            architectures=list(architectures),
+            keyring=keyring,
+        ),
+        legacy=[f"{stem}.list"],
+    )
 
 
 def repair_script(lock_timeout_s: int) -> str:

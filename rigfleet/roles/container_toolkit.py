@@ -8,7 +8,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import systemd
 
-from rigfleet import catalog, render
+from rigfleet import catalog
 from rigfleet.context import RigContext
 from rigfleet.facts.docker import DockerRuntimes
 from rigfleet.operations import apt as apt_ops
@@ -46,23 +46,12 @@ def container_toolkit(context: RigContext) -> None:
             return  # preflight refuses this rig
         rig = context.rig
         repo = toolkit_repo(rig)
-        apt_ops.repository(
+        apt_ops.vendor_repository(
             name="Toolkit repository: key checked by fingerprint, deb822 source",
-            key_url=repo.key_url,
-            fingerprint=repo.key_fingerprint,
+            description="NVIDIA Container Toolkit repository",
+            repo=repo,
             keyring=TOOLKIT_KEYRING,
-            source=f"{TOOLKIT_SOURCES}.sources",
-            content=render.render(
-                "apt/rigfleet-repo.sources.j2",
-                description="NVIDIA Container Toolkit repository",
-                url=repo.url,
-                suite="/",
-                components=[],
-                architectures=[],
-                keyring=TOOLKIT_KEYRING,
-            ),
-            # NVIDIA's documented one-line list names the same URL with another Signed-By
-            legacy=[f"{TOOLKIT_SOURCES}.list"],
+            stem=TOOLKIT_SOURCES,
         )
         version = context.pinset.toolkit.version
         installed = apt_ops.install(

@@ -89,23 +89,15 @@ def debian_mirror() -> str:
 def _docker_ce(context: RigContext, where: Target) -> list[str]:
     repo = docker_repo(context.rig, where)
     apt.packages(name="Remove packages that conflict with Docker CE", packages=CONFLICTS, present=False)
-    apt_ops.repository(
+    apt_ops.vendor_repository(
         name="Docker repository: key checked by fingerprint, deb822 source",
-        key_url=repo.key_url,
-        fingerprint=repo.key_fingerprint,
+        description="Docker CE repository",
+        repo=repo,
         keyring=DOCKER_KEYRING,
-        source="/etc/apt/sources.list.d/docker.sources",
-        content=render.render(
-            "apt/rigfleet-repo.sources.j2",
-            description="Docker CE repository",
-            url=repo.url,
-            suite=where.codename,
-            components=["stable"],
-            architectures=["amd64"],
-            keyring=DOCKER_KEYRING,
-        ),
-        # Docker's documented one-line list names the same URL with another Signed-By
-        legacy=["/etc/apt/sources.list.d/docker.list"],
+        stem="/etc/apt/sources.list.d/docker",
+        suite=where.codename,
+        components=["stable"],
+        architectures=["amd64"],
     )
     version = context.pinset.docker.version
     # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm

@@ -152,23 +152,12 @@ def nvidia_driver(context: RigContext) -> None:
         else:
             repo = cuda_repo(rig, where)
             slug = f"cuda-{where.cuda_slug}-x86_64"
-            apt_ops.repository(
+            apt_ops.vendor_repository(
                 name="CUDA repository: key checked by fingerprint, deb822 source",
-                key_url=repo.key_url,
-                fingerprint=repo.key_fingerprint,
+                description="NVIDIA CUDA repository",
+                repo=repo,
                 keyring=CUDA_KEYRING,
-                source=f"/etc/apt/sources.list.d/{slug}.sources",
-                content=render.render(
-                    "apt/rigfleet-repo.sources.j2",
-                    description="NVIDIA CUDA repository",
-                    url=repo.url,
-                    suite="/",
-                    components=[],
-                    architectures=[],
-                    keyring=CUDA_KEYRING,
-                ),
-                # the cuda-keyring package's list names the same URL with another Signed-By
-                legacy=[f"/etc/apt/sources.list.d/{slug}.list"],
+                stem=f"/etc/apt/sources.list.d/{slug}",  # the cuda-keyring package's list is {slug}.list
             )
             pinning = f"nvidia-driver-pinning-{pin.version or pin.branch}"
             driver = "nvidia-open" if rig.driver_module == "open" else "cuda-drivers"
