@@ -28,8 +28,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("roles", {"roles", "roles.apt_base", "roles.container_toolkit", "roles.docker_engine",
                "roles.gpu_tuning", "roles.model_weights", "roles.nvidia_driver", "roles.preflight",
                "roles.serving", "roles.vllm_image"}),
-    ("runner/rollout", {"runner", "rollout", "status", "deploy", "inventory"}),
-    ("cli_*", {"cli_common", "cli_fleet", "cli_hostkeys", "cli_pins", "rollback", "operator_repo"}),
+    ("runner/rollout", {"runner", "rollout", "status", "deploy", "inventory", "verify", "live", "watch"}),
+    ("cli_*", {"cli_common", "cli_fleet", "cli_hostkeys", "cli_pins", "cli_verify", "cli_watch", "rollback",
+               "operator_repo"}),
     ("cli", {"cli", "skeleton.deploy", "skeleton.inventory"}),
 ]
 LAYER_OF = {module: index for index, (_, modules) in enumerate(LAYERS) for module in modules}
