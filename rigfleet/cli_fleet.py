@@ -94,7 +94,7 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
         return
     table = Table(title=f"rigfleet status: {fleet.inventory_dir}")
     for column in ("rig", "up", "distro/kernel", "driver", "docker", "toolkit", "release", "healthy",
-                   "KV pool", "drift"):
+                   "KV pool", "API reach", "drift"):
         table.add_column(column, overflow="fold")
     for row in rows:
         drift = "\n".join(row["drift"]) if row["drift"] else "none"
@@ -103,6 +103,7 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
             row.get("driver") or "-", row.get("docker") or "-", row.get("toolkit") or "-",
             f"{row['pinset'] or '-'} / {row['variant'] or '-'}", _yes_no(row["healthy"]),
             f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-",
+            row["api_reach"]["label"],
             f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]",
         )
     out.print(table)

@@ -6,7 +6,7 @@ that into one line naming the rig, the field, the value and the fix.
 from __future__ import annotations
 
 import re
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, ip_address
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit, urlunsplit
 
@@ -130,6 +130,21 @@ def bind_address(value: str) -> str:
     if isinstance(address, IPv6Address) and address.ipv4_mapped:
         raise bad("an IPv4-mapped IPv6 address", f"write {address.ipv4_mapped}")
     return str(address)
+
+
+def ipv4_network(value: str) -> str:
+    """A source for the DOCKER-USER allowlist: an IPv4 address or network, host bits clear."""
+    try:
+        network = IPv4Network(value, strict=False)
+    except ValueError:
+        raise bad("not an IPv4 address or CIDR network", "write e.g. 192.0.2.10 or 192.0.2.0/24") from None
+    try:
+        IPv4Network(value)
+    except ValueError:
+        raise bad("host bits set in a network", f"write {network} (or the single address as /32)") from None
+    if network.prefixlen == 0:
+        raise bad("0.0.0.0/0 admits every source", "list the sources, or remove api_allow (any source may connect)")
+    return str(network)
 
 
 def pep440(value: str, what: str = "version") -> str:

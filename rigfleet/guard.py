@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from rigfleet import catalog, planner, release
+from rigfleet import catalog, exposure, planner, release
 from rigfleet.errors import FLEET, InputError, Problem, one_of
 from rigfleet.loader import Fleet
 from rigfleet.render import Release
@@ -145,6 +145,7 @@ def _rig(rig: Rig, fleet: Fleet) -> Iterator[Problem]:
     if variant is None:
         return
     yield from _rig_variant(rig, variant, gpu, problem)
+    yield from exposure.problems(rig, rig.port or variant.port, problem)
     if pinset is not None:
         yield from _rig_pinset(rig, variant, pinset, problem)
 

@@ -112,7 +112,11 @@ class Rig(Strict):
     pinset: str
     variant: str
     port: int | None = Field(None, ge=1024, le=65535)
-    bind_address: str = "0.0.0.0"
+    # loopback unless the inventory says otherwise (rigfleet.exposure: beyond loopback needs an API
+    # key or insecure_public: true; api_allow limits the sources by a DOCKER-USER allowlist)
+    bind_address: str = "127.0.0.1"
+    insecure_public: bool = False
+    api_allow: tuple[str, ...] = ()
     model_dir: str
     cache_dir: str = "/var/cache/rigfleet"
     api_key: SecretRef | None = None
@@ -183,6 +187,11 @@ class Rig(Strict):
     @classmethod
     def _bind(cls, value: str) -> str:
         return grammar.bind_address(value)
+
+    @field_validator("api_allow")
+    @classmethod
+    def _allow(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(grammar.ipv4_network(entry) for entry in value))
 
     @field_validator("model_dir", "cache_dir", "docker_data_root")
     @classmethod

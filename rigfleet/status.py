@@ -12,7 +12,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, ledger, runner
+from rigfleet import catalog, exposure, ledger, runner
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
@@ -147,6 +147,7 @@ def collect(fleet: Fleet) -> list[dict[str, Any]]:
             "drift": drift(release, probe) if probe else ["unreachable"],
             "risks": risks(fleet, rig, (current.pinset if current else None) or rig.pinset,
                            (current.variant if current else None) or rig.variant),
+            "api_reach": exposure.reach(rig).as_json(),
         })
     return rows
 
