@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"errors", "escape", "paths", "grammar", "rigstate", "ledger", "liveness",
                     "gate", "gate.checks", "gate.probe"}),
     ("schema", {"schema"}),
-    ("catalog/loader", {"catalog", "loader", "planner"}),
+    ("catalog/loader", {"catalog", "loader", "planner", "exposure"}),
     ("release/render", {"render", "release", "pindiff", "upstream", "upstream.fleet", "upstream.sources",
                         "upstream.surface", "upstream.tree", "upstream.verify"}),
     ("validated fleet", {"guard", "context", "hostkeys"}),
