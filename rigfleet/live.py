@@ -10,13 +10,12 @@ ladder read the engine the same way.
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import runner
+from rigfleet import rigpython, runner
 from rigfleet.gate import checks
 from rigfleet.loader import Fleet
 from rigfleet.render import clamped_power_limit
@@ -105,7 +104,7 @@ class LiveProbe(FactBase):
     """Everything the live view shows of one rig, in one command (read-only)."""
 
     def command(self) -> str:
-        return f"echo {base64.b64encode(SNIPPET.encode()).decode()} | base64 -d | python3 -"
+        return rigpython.command(SNIPPET)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return dict(json.loads("\n".join(output)))

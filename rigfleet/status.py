@@ -6,13 +6,12 @@ ledger, serving container), so a status over a large fleet stays cheap.
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, exposure, ledger, runner
+from rigfleet import catalog, exposure, ledger, rigpython, runner
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
@@ -52,8 +51,7 @@ class RigProbe(FactBase):
     """Everything `status` shows, in one command."""
 
     def command(self) -> str:
-        encoded = base64.b64encode(PROBE.encode()).decode()
-        return f"echo {encoded} | base64 -d | python3 -"
+        return rigpython.command(PROBE)
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return dict(json.loads("\n".join(output)))

@@ -6,13 +6,12 @@ one JSON object; it never fails the host: a fresh rig without Docker or a ledger
 
 from __future__ import annotations
 
-import base64
 import json
-import shlex
 from typing import Any
 
 from pyinfra.api import FactBase
 
+from rigfleet import rigpython
 from rigfleet.rigstate import LEDGER_PATH, RELEASES_DIR
 
 RELEASE_LABEL = "io.rigfleet.release"
@@ -53,8 +52,6 @@ if rid and "/" not in rid:
 print(json.dumps(out))
 '''.replace("@LEDGER@", LEDGER_PATH).replace("@RELEASES@", RELEASES_DIR).replace("@LABEL@", RELEASE_LABEL)
 
-SNIPPET_B64 = base64.b64encode(_SNIPPET.encode()).decode()
-
 
 def empty_state() -> dict[str, Any]:
     return {"ledger": None, "docker": False, "containers": [], "env_sha256": None, "release_dir": False}
@@ -78,7 +75,7 @@ class ServingState(FactBase[dict[str, Any]]):
     env_sha256 (of RELEASE_ID's env file), release_dir (RELEASE_ID's compose.yaml exists)}."""
 
     def command(self, release_id: str = "") -> str:
-        return f"echo {SNIPPET_B64} | base64 -d | python3 - {shlex.quote(release_id)}"
+        return rigpython.command(_SNIPPET, release_id)
 
     @staticmethod
     def default() -> dict[str, Any]:

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rigfleet"
 
 # Lowest first. A module may import from its own layer or one below it, never from above.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"errors", "escape", "paths", "grammar", "rigstate", "ledger", "liveness",
+    ("foundation", {"errors", "escape", "paths", "grammar", "rigstate", "rigpython", "ledger", "liveness",
                     "gate", "gate.checks", "gate.probe"}),
     ("schema", {"schema"}),
     ("catalog/loader", {"catalog", "loader", "planner", "exposure"}),
@@ -159,3 +159,17 @@ def test_no_sandbox_word_in_the_production_package() -> None:
     # rigfleet/ with its templates, catalog and skeleton: the sandbox is a layer on top
     hits = sandbox_mentions()
     assert not hits, "\n".join(hits)
+
+
+def test_the_architecture_doc_names_every_module_of_the_table() -> None:
+    doc = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    missing = sorted({m.split(".")[0] for m in LAYER_OF} - {m for m in LAYER_OF if f"`{m}`" in doc}
+                     - {m.split(".")[0] for m in LAYER_OF if f"`{m.split('.')[0]}/`" in doc})
+    assert not missing, f"docs/ARCHITECTURE.md's layer table lacks {missing}"
+
+
+def test_inline_rig_python_goes_one_way() -> None:
+    # rig-side snippets run through rigfleet.rigpython.command; nobody else builds that pipe
+    offenders = [module for module, path in modules().items()
+                 if module != "rigpython" and "| python3 -" in path.read_text(encoding="utf-8")]
+    assert not offenders
