@@ -111,7 +111,7 @@ def _docker_ce(context: RigContext, where: Target) -> list[str]:
 
 def _distro(where: Target) -> list[str]:
     packages = list(where.facts["docker_distro"]["packages"])
-    if where.codename == "bookworm":
+    if where.compose_v2_from is not None:
         files_ops.config_file(
             name="Debian 13 source for Compose v2 only",
             dest="/etc/apt/sources.list.d/rigfleet-trixie-compose.sources",
@@ -119,7 +119,7 @@ def _distro(where: Target) -> list[str]:
                 "apt/rigfleet-repo.sources.j2",
                 description="Debian 13, for docker-compose (Compose v2) only",
                 url=debian_mirror(),
-                suite="trixie",
+                suite=where.compose_v2_from,
                 components=["main"],
                 architectures=["amd64"],
                 keyring=DEBIAN_ARCHIVE_KEYRING,

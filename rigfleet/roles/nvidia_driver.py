@@ -140,7 +140,7 @@ def nvidia_driver(context: RigContext) -> None:
                 )
             apt_ops.kernel_headers(name="Kernel headers for DKMS", meta=meta)
 
-        if where.distro == "ubuntu":
+        if where.driver_source == "ubuntu-archive":
             specs, held = ubuntu_packages(rig, pin, where)
             apt_ops.install(name="NVIDIA driver (Ubuntu archive)", packages=specs)
             apt_ops.hold(

@@ -59,6 +59,22 @@ class Target:
     def kernel_packages(self) -> dict[str, str]:
         return dict(self.facts["kernel"])
 
+    @property
+    def driver_source(self) -> str:
+        """Where the driver comes from: ubuntu-archive or cuda-repo."""
+        return str(self.facts["driver"]["from"])
+
+    @property
+    def prebuilt_modules(self) -> bool:
+        """The distribution ships signed prebuilt kernel modules for the driver (no DKMS needed)."""
+        return bool(self.facts["driver"]["prebuilt_modules"])
+
+    @property
+    def compose_v2_from(self) -> str | None:
+        """The next release's suite that Compose v2 comes from, when the distribution's is v1."""
+        value = self.facts["docker_distro"].get("compose_v2_from")
+        return None if value is None else str(value)
+
 
 def _supported() -> dict[tuple[str, str], str]:
     return {(p["distro"], p["version"]): p["codename"] for p in catalog.platforms()["platforms"].values()}
@@ -89,8 +105,8 @@ def target(context: RigContext) -> Target | None:
 
 
 def uses_dkms(rig: Rig, where: Target) -> bool:
-    """Debian's CUDA repository only has DKMS modules; Ubuntu has Canonical's signed prebuilt ones."""
-    return where.distro == "debian" or rig.driver_install == "dkms"
+    """DKMS unless the platform ships prebuilt modules (catalog/platforms.yaml) and the rig takes them."""
+    return not where.prebuilt_modules or rig.driver_install == "dkms"
 
 
 def headers_metapackage(where: Target) -> str:
