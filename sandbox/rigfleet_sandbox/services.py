@@ -1,8 +1,8 @@
 """Host services the SIMULATED rigs reach at 10.231.0.1 (run by `rigfleet sandbox up`).
 
 - :3142 an HTTP forward proxy for apt (absolute http:// GETs) to Debian mirrors only, caching
-  .deb files on disk (they never change under one name), plus CONNECT tunnels to PyPI so pip in
-  a rig works; anything else gets 403. Rigs have no NAT: this is their only way out.
+  .deb files on disk (they never change under one name), plus CONNECT tunnels to the Python
+  index hosts this machine's pip is configured with (rigfleet_sandbox.pyindex) so pip in a rig works; anything else gets 403. Rigs have no NAT: this is their only way out.
 - :8080 a static file server for the sandbox www dir (simulated NVIDIA apt repo, simulated
   Genesis git repo over dumb HTTP, overlays, weights, base image), filled by other modules.
 
@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from rigfleet_sandbox.debindex import apt_hosts
+from rigfleet_sandbox.pyindex import HostPort, python_index_hosts
 
 log = logging.getLogger("rigfleet_sandbox.services")
 
 APT_HOSTS = apt_hosts()  # the mirrors this machine's own apt sources name
-CONNECT_ALLOW = frozenset({("pypi.org", 443), ("files.pythonhosted.org", 443)})
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -56,6 +56,7 @@ class AptProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # apt keeps connections alive and pipelines requests
     server_version = "rigfleet-sandbox-proxy"
     cache_dir: Path = Path("/var/cache/rigfleet/apt-proxy")
+    connect_allow: frozenset[HostPort] = frozenset()  # (host, port) pip may tunnel to; set by serve()
 
     def setup(self) -> None:
         super().setup()
@@ -76,9 +77,9 @@ class AptProxyHandler(BaseHTTPRequestHandler):
     # -- CONNECT: pip's HTTPS through an allowlisted tunnel --------------------------------
     def do_CONNECT(self) -> None:
         host, _, port = self.path.rpartition(":")
-        if (host.lower(), int(port or 0) if port.isdigit() else 0) not in CONNECT_ALLOW:
+        if (host.lower(), int(port) if port.isdigit() else 0) not in self.connect_allow:
             self.close_connection = True
-            return self.refuse(403, f"CONNECT to {self.path} is not allowed (PyPI only)")
+            return self.refuse(403, f"CONNECT to {self.path} is not allowed (only pip's configured index hosts)")
         try:
             upstream = socket.create_connection((host, int(port)), timeout=UPSTREAM_TIMEOUT)
         except OSError as exc:
@@ -228,6 +229,7 @@ def serve(addr: str, www: Path, cache: Path, proxy_port: int = 3142, www_port: i
     www.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     AptProxyHandler.cache_dir = cache
+    AptProxyHandler.connect_allow = python_index_hosts()
     servers = [
         _Server((addr, proxy_port), AptProxyHandler),
         _Server((addr, www_port), functools.partial(WwwHandler, directory=str(www))),

@@ -177,6 +177,7 @@ def test_down_leaves_nothing_behind(sandbox: Sandbox, sandbox_session: SandboxSe
 @pytest.fixture
 def proxy(tmp_path: Path) -> Iterator[tuple[str, int]]:
     services.AptProxyHandler.cache_dir = tmp_path
+    services.AptProxyHandler.connect_allow = frozenset({("index.example.org", 443)})  # a placeholder index
     server = ThreadingHTTPServer(("127.0.0.1", 0), services.AptProxyHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield "127.0.0.1", server.server_address[1]
@@ -195,10 +196,20 @@ def test_proxy_refuses_hosts_off_the_allowlist(proxy: tuple[str, int]) -> None:
     assert reply.startswith(b"HTTP/1.1 403")
     reply = _via_proxy(proxy, b"CONNECT example.invalid:443 HTTP/1.1\r\nHost: example.invalid\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403")
-    reply = _via_proxy(proxy, b"CONNECT pypi.org:22 HTTP/1.1\r\nHost: pypi.org\r\n\r\n")
+    reply = _via_proxy(proxy, b"CONNECT index.example.org:22 HTTP/1.1\r\nHost: index.example.org\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403")
     reply = _via_proxy(proxy, b"GET /not-absolute HTTP/1.1\r\nHost: x\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 400")
+
+
+def test_proxy_tunnels_to_the_index_hosts_it_was_given(proxy: tuple[str, int]) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as index:  # stands in for pip's configured index
+        port = index.getsockname()[1]
+        services.AptProxyHandler.connect_allow = frozenset({("127.0.0.1", port)})
+        request = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        assert _via_proxy(proxy, request).startswith(b"HTTP/1.1 200")
+        services.AptProxyHandler.connect_allow = frozenset()
+        assert _via_proxy(proxy, request).startswith(b"HTTP/1.1 403")
 
 
 def test_proxy_serves_cached_debs_without_upstream(proxy: tuple[str, int], tmp_path: Path) -> None:
