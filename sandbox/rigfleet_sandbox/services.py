@@ -2,7 +2,8 @@
 
 - :3142 an HTTP forward proxy for apt (absolute http:// GETs) to Debian mirrors only, caching
   .deb files on disk (they never change under one name), plus CONNECT tunnels to the Python
-  index hosts this machine's pip is configured with (rigfleet_sandbox.pyindex) so pip in a rig works; anything else gets 403. Rigs have no NAT: this is their only way out.
+  index hosts this machine's pip is configured with (rigfleet_sandbox.pyindex) so pip in a rig
+  works; anything else gets 403. Rigs have no NAT: this is their only way out.
 - :8080 a static file server for the sandbox www dir (simulated NVIDIA apt repo, simulated
   Genesis git repo over dumb HTTP, overlays, weights, base image), filled by other modules.
 
