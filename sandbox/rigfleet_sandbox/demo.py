@@ -11,29 +11,76 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO
 
-from rigfleet.paths import inventory_dir
+from rigfleet import paths
 from rigfleet_sandbox.layout import repo_root
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+OP_START = re.compile(r"^--> Starting (?:[\w ,]+ )?operation: (?P<name>.+?)(?: \(.*\))?$")
+HOST_LINE = re.compile(r"^\[(?P<rig>[^\]]+)\]\s+(?P<rest>.*)$")
+RESULTS = ("Success", "No changes", "Error", "Skipped")
 
 
 def say(text: str) -> None:
     print(f"\n=== {text}", flush=True)
 
 
+class Progress:
+    """pyinfra's log turned into progress lines as they come: elapsed time, rig, operation, result."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started = clock()
+        self.operation = ""
+        self.op_started = self.started
+
+    def line(self, raw: str) -> str | None:
+        text = ANSI.sub("", raw).rstrip()
+        if not text.strip():
+            return None
+        now = self.clock()
+        stamp = f"[{now - self.started:6.1f}s]"
+        start = OP_START.match(text.strip())
+        if start:
+            self.operation, self.op_started = start["name"], now
+            return f"{stamp} {self.operation}"
+        host = HOST_LINE.match(text.strip())
+        if host and self.operation and host["rest"].startswith(RESULTS):
+            took = now - self.op_started
+            return f"{stamp}   {host['rig']}: {self.operation}: {host['rest']} ({took:.1f} s)"
+        return f"{stamp} {text.strip().removeprefix('--> ')}"
+
+
+def stream(argv: Sequence[str], cwd: Path, env: dict[str, str], out: IO[str] = sys.stdout) -> tuple[int, str]:
+    """Run `argv`, printing a progress line to `out` for each line it logs, as it logs it."""
+    progress = Progress()
+    seen: list[str] = []
+    with subprocess.Popen(list(argv), cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, bufsize=1,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            seen.append(raw)
+            shown = progress.line(raw)
+            if shown is not None:
+                print(shown, file=out, flush=True)
+        code = proc.wait()
+    return code, "".join(seen)
+
+
 def run_deploy(env: dict[str, str]) -> tuple[int, str]:
     started = time.monotonic()
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "pyinfra"), "-y", "inventory.py", "deploy.py"],
-        cwd=repo_root(), env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    print(proc.stdout[-4000:])
-    print(f"(deploy took {time.monotonic() - started:.0f} s, exit {proc.returncode})")
-    return proc.returncode, proc.stdout
+    code, output = stream([str(Path(sys.executable).parent / "pyinfra"), "-y", "inventory.py", "deploy.py"],
+                          repo_root(), env)
+    print(f"(deploy took {time.monotonic() - started:.0f} s, exit {code})")
+    return code, output
 
 
 def changes_reported(output: str) -> int | None:
@@ -73,7 +120,8 @@ def main() -> int:
     lock = open("/tmp/rigfleet-e2e.lock", "w")  # noqa: SIM115 - held until the demo ends
     fcntl.flock(lock, fcntl.LOCK_EX)
     info = manager.up(rigs=1)
-    env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory_dir())}
+    paths.select(info.inventory_dir)
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(info.inventory_dir)}
 
     say("rigfleet plan")
     subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "plan"], cwd=repo_root(), env=env, check=False)
