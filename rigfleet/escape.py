@@ -142,6 +142,18 @@ def number(value: Any) -> str:
     return str(value)
 
 
+IPTABLES_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9./:_-]{0,63}$")
+
+
+def iptables_word(value: Any) -> str:
+    """One word of an iptables-restore rule line (an address, a CIDR, a port): no spaces, quotes
+    or option dashes, so a value can never add an option, a rule or a table."""
+    text = _scalar_text(value)
+    if not IPTABLES_WORD.match(text):
+        raise UnsafeValue(f"not a plain iptables word: {text!r:.80}")
+    return text
+
+
 def comment(value: Any) -> str:
     """Text inside a `#`/`//` comment line: one printable ASCII line (escapes for the rest)."""
     return json.dumps(str(value), ensure_ascii=True)[1:-1]
@@ -160,5 +172,6 @@ FILTERS: dict[str, Callable[..., str]] = {
     "deb822": deb822_word,
     "deb822_words": deb822_words,
     "number": number,
+    "iptables": iptables_word,
     "comment": comment,
 }

@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from ipaddress import ip_address
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -295,6 +296,24 @@ def host_files(rig: Rig) -> dict[str, str]:
         "apt/99rigfleet-lock-timeout": render("apt/99rigfleet-lock-timeout.j2", rig=rig,
                                               direct_hosts=direct_mirror_hosts(rig)),
         "apt/51rigfleet-unattended-blacklist": render("apt/51rigfleet-unattended-blacklist.j2"),
+    }
+
+
+ALLOWLIST_SCRIPT = "/usr/local/lib/rigfleet/api-allowlist"
+ALLOWLIST_UNIT = "rigfleet-api-allowlist.service"
+
+
+def allowlist_files(rig: Rig, port: int) -> dict[str, str]:
+    """The DOCKER-USER allowlist of a rig whose API is published beyond loopback with api_allow:
+    the script (apply/remove/check) and the unit that runs it whenever Docker (re)starts."""
+    address = ip_address(rig.bind_address)
+    # a wildcard bind matches on the port alone; the DNAT state keeps the containers' own
+    # outgoing connections (masqueraded, never DNATed) out of the rule
+    destination = None if address.is_unspecified else str(address)
+    return {
+        "script": render("firewall/rigfleet-api-allowlist.sh.j2", rig=rig, port=port,
+                         sources=list(rig.api_allow), destination=destination),
+        "unit": render(f"systemd/{ALLOWLIST_UNIT}.j2", rig=rig, script=ALLOWLIST_SCRIPT),
     }
 
 

@@ -7,6 +7,7 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from rigfleet.roles.api_firewall import api_firewall
 from rigfleet.roles.apt_base import apt_base
 from rigfleet.roles.container_toolkit import container_toolkit
 from rigfleet.roles.docker_engine import docker_engine
@@ -18,7 +19,8 @@ from rigfleet.roles.serving import serving
 from rigfleet.roles.vllm_image import vllm_image
 
 # In layer order. The host layer: preflight, apt_base, nvidia_driver, docker_engine,
-# container_toolkit, gpu_tuning; then model_weights, vllm_image, serving.
+# container_toolkit, gpu_tuning; then model_weights, vllm_image, api_firewall (the DOCKER-USER
+# allowlist, before a release can listen), serving.
 HOST_LAYER: list[Callable[..., Any]] = [
     preflight,
     apt_base,
@@ -27,7 +29,7 @@ HOST_LAYER: list[Callable[..., Any]] = [
     container_toolkit,
     gpu_tuning,
 ]
-ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, serving]
+ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, api_firewall, serving]
 
 
 def run_roles(context: Any, roles: Sequence[Callable[..., Any]] | None = None) -> None:

@@ -31,6 +31,7 @@ from rigfleet.context import RigContext
 from rigfleet.facts import apt as rf_apt
 from rigfleet.facts import docker as rf_docker
 from rigfleet.facts import files as rf_files
+from rigfleet.facts import firewall as rf_firewall
 from rigfleet.facts import nvidia as rf_nvidia
 from rigfleet.facts import system as rf_system
 from rigfleet.facts.apt import RepositoryFiles, SourceEntry
@@ -96,6 +97,8 @@ class FakeRig:
     packages: dict[str, list[str]] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)  # path -> octal mode (default 644)
+    allowlist_live: bool = False  # the API allowlist's chain and jump are in the kernel
     dirs: set[str] = field(
         default_factory=lambda: {
             "/etc/apt/apt.conf.d",
@@ -148,7 +151,9 @@ class FakeRig:
 
     def _digest(self, path: str) -> FileDigest | None:
         content = self.files.get(path)
-        return FileDigest("644", hashlib.sha256(content.encode()).hexdigest()) if content is not None else None
+        if content is None:
+            return None
+        return FileDigest(self.modes.get(path, "644"), hashlib.sha256(content.encode()).hexdigest())
 
     def _repository(self, keyring: str, source: str, legacy: list[str]) -> RepositoryFiles:
         return RepositoryFiles(self.keyrings.get(keyring), self._digest(source),
@@ -206,6 +211,8 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_nvidia.NvidiaTopology: lambda r: r.topology,
     rf_nvidia.NvlinkStatus: lambda r: dict(r.nvlink_status),
     rf_files.ManagedFile: FakeRig._digest,
+    rf_firewall.ApiAllowlist: lambda r, script, unit: rf_firewall.AllowlistState(
+        script in r.files or unit in r.files, r.allowlist_live),
     rf_apt.DpkgInterrupted: lambda r: [],
     rf_docker.DockerDaemonConfig: lambda r, path=rf_docker.DAEMON_JSON: r._daemon_json(path),
     rf_docker.DockerRuntimes: lambda r: r.runtimes,
