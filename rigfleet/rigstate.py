@@ -108,7 +108,7 @@ class LedgerEntry(_Record):
 class Attempt(_Record):
     """One deploy or rollback attempt and how it ended."""
 
-    kind: str | None = None  # deploy | rollback
+    kind: str | None = None  # deploy | rollback | recover (the current release restarted after its engine died)
     release_id: str | None = None
     pinset: str | None = None
     variant: str | None = None
@@ -126,6 +126,7 @@ class Attempt(_Record):
     restore_ok: bool | None = None
     error: str | None = None
     log_tail: list[str] | None = None  # failed attempts only
+    reason: str | None = None  # a recovery's: what the rig showed (its engine not running, unhealthy)
 
 
 class Ledger(_Record):

@@ -26,7 +26,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import hostkeys, liveness, release
+from rigfleet import hostkeys, liveness, release, riglock
 from rigfleet.context import context_of, pyinfra_host_data
 from rigfleet.loader import Fleet
 from rigfleet.roles import ROLES, run_roles
@@ -136,6 +136,8 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
             def deploy_rig() -> None:
                 from pyinfra import host
 
+                if not riglock.hold_or_refuse(host):  # another deploy is converging this rig
+                    return
                 run_roles(contexts[host.name], chosen)
 
             _prepare_in_parallel(state, deploy_rig)

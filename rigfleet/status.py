@@ -91,7 +91,11 @@ def drift(release: Release, probe: dict[str, Any]) -> list[str]:
             found.append(f"release: {current.release_id} (want {want_release})")
     states = {line.split(" ", 1)[0]: line for line in probe.get("containers", [])}
     if current and not any(line.split(" ")[1:2] == ["running"] for line in states.values()):
-        found.append("serving: no rigfleet container running")
+        mine = states.get(str(current.get("release_id")), "").split(" ", 2)
+        # an engine that died after its gate passed: say how (docker's state and status)
+        found.append(f"serving: release {current.get('release_id')} {mine[1]} ({mine[2] if len(mine) > 2 else '?'}); "
+                     "the next converge restarts it through the gate" if len(mine) > 1
+                     else "serving: no rigfleet container running")
     gpus = _gpus(probe.get("nvidia_smi", ""))
     if gpus is None:
         text = probe.get("nvidia_smi", "") or "nvidia-smi missing"

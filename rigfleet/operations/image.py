@@ -226,9 +226,11 @@ def genesis_fetched(tag: str, genesis: GenesisPin) -> Commands:
 
 
 @operation()
-def base_image_present(tag: str, base: ImageRef) -> Commands:
+def base_image_present(tag: str, base: ImageRef, registry: str | None = None) -> Commands:
     """The pinned base image, checked against its digest: loaded from an archive (the image ID or
-    a repo digest must equal base.digest after `docker load`) or pulled by digest."""
+    a repo digest must equal base.digest after `docker load`) or pulled by digest: from the fleet
+    registry's copy (REGISTRY/REPOSITORY@DIGEST) first when there is one, else from upstream. A
+    tag that vanished upstream (or moved) changes nothing: the pull is by digest, never by the tag."""
     if _image_exists(tag):
         host.noop(f"image {tag} exists")
         return
@@ -278,13 +280,26 @@ def base_image_present(tag: str, base: ImageRef) -> Commands:
         )
         return
     ref = f"{base.ref}@{digest}" if digest else base.ref
-    yield script(
-        f"image {tag}: base image {ref} (pull)", log,
-        f"say {q(f'base image: docker pull {ref}')}",
-        f'docker pull {q(ref)} >>"$LOG" 2>&1 || fail {q(f"base image: docker pull {ref} failed (see {log})")}',
-        *([f"docker tag {q(ref)} {q(base.ref)}"] if digest else []),
-        *verify,
-    )
+    if digest and registry:
+        mirrored = f"{registry}/{base.repository}@{digest}"
+        nowhere = (f"base image: {base.repository}@{digest} is in neither the fleet registry {registry} nor "
+                   f"upstream ({ref}; see {log}); the pin is never replaced by what the tag {base.tag} means now: "
+                   f"push that digest to {registry}/{base.repository} or give the pin set an archive")
+        pull = [
+            f"if docker pull {q(mirrored)} >>\"$LOG\" 2>&1; then",
+            f"  say {q(f'base image: {mirrored} from the fleet registry')}; docker tag {q(mirrored)} {q(base.ref)}",
+            f"else say {q(f'base image: not available from the fleet registry {registry}; docker pull {ref}')}",
+            f'  docker pull {q(ref)} >>"$LOG" 2>&1 || fail {q(nowhere)}',
+            f"  docker tag {q(ref)} {q(base.ref)}",
+            "fi",
+        ]
+    else:
+        pull = [
+            f"say {q(f'base image: docker pull {ref}')}",
+            f'docker pull {q(ref)} >>"$LOG" 2>&1 || fail {q(f"base image: docker pull {ref} failed (see {log})")}',
+            *([f"docker tag {q(ref)} {q(base.ref)}"] if digest else []),
+        ]
+    yield script(f"image {tag}: base image {ref} (pull)", log, *pull, *verify)
 
 
 def deps_hash(deps: dict[str, str], index_url: str | None) -> str:

@@ -10,6 +10,7 @@ from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
+from rigfleet import riglock
 from rigfleet.facts.nvidia import NvidiaSmi
 from rigfleet.facts.system import BootId, RebootRequired
 from rigfleet.rigstate import SERVING_COMPOSE
@@ -112,6 +113,11 @@ def wait_for_new_boot(
             current = host.get_fact(BootId)
             if current and current != boot_ids[0]:
                 logger.info(f"{host.print_prefix}back up with a new boot id")
+                # the reboot ended the connection that held the rig lock: take it again on the
+                # new one before anything else runs, or another deploy could step in now
+                answer = riglock.take(host)
+                if not answer.taken:
+                    raise RuntimeError(riglock.refusal(host.name, answer))
                 return
             host.disconnect()  # still the old boot: the reboot has not happened yet
         if time.monotonic() > deadline:

@@ -342,10 +342,11 @@ class Swap:
     host: Host
     remote: Remote
     rig: str
-    kind: str  # deploy | rollback
+    kind: str  # deploy | rollback | recover
     target: ReleaseRecord  # the target's release.json
     level: str
     timeout_s: int
+    reason: str | None = None  # why a recovery was needed (what the rig showed)
 
     @property
     def target_id(self) -> str:
@@ -358,6 +359,8 @@ class Swap:
     def run(self, book: Ledger, fallback: str | None, started: str) -> None:
         remote, host = self.remote, self.host
         record = ledger.attempt(self.kind, self.target, started, from_release=fallback)
+        if self.reason:
+            record = record.model_copy(update={"reason": self.reason})
         try:
             refuse_unless_ready(remote, self.target_dir, str(self.target.image))
         except ServingError as exc:
@@ -414,7 +417,10 @@ class Swap:
                 link_current(remote, fallback_dir)
         record = ledger.finish(record, "failed", gate=result, downtime_s=downtime, log_tail=tail,
                                error=gate.summary(result), restored=restored, restore_ok=restore_ok)
-        remote.write(LEDGER_PATH, ledger.dumps(ledger.record(book, record)), "0644")
+        back = None  # the ledger follows what serves: a failed recovery's fallback is the previous release
+        if restore_ok and fallback and fallback != ledger.current_id(book):
+            back = ledger.entry(read_meta(remote, fallback) or ReleaseRecord(release_id=fallback), again, downtime)
+        remote.write(LEDGER_PATH, ledger.dumps(ledger.record(book, record, became_current=back)), "0644")
         if fallback is None:
             after = "no previous release to return to; nothing is serving"
         elif restore_ok:
@@ -438,9 +444,11 @@ def _downtime(stopped_at: float | None, result: dict[str, Any]) -> float | None:
 
 
 def serving_release(book: Ledger, observed: dict[str, Any], remote: Remote, exclude: str) -> str | None:
-    """The release to return to on failure: the ledger's current one, else the running container's."""
+    """The release to return to on failure: the ledger's current one, else the running container's,
+    else (the current one is the target: a recovery) the ledger's previous one, the last good before."""
     candidates = [ledger.current_id(book)]
     candidates += [c.get("release") for c in observed.get("containers") or [] if c.get("status") == "running"]
+    candidates.append(ledger.previous_id(book))
     for rid in candidates:
         if rid and rid != exclude and read_meta(remote, rid) is not None:
             return str(rid)
@@ -456,7 +464,29 @@ def apply_release(state: State, host: Host, spec: ReleaseSpec, auth: dict[str, A
     book = ledger.load(observed.get("ledger"), spec.rig)
     write_release(remote, spec, env_text)
     fallback = serving_release(book, observed, remote, exclude=spec.release_id)
-    Swap(host, remote, spec.rig, "deploy", spec.meta, spec.level, spec.timeout_s).run(book, fallback, started)
+    reason = crashed(book, observed, spec.release_id)
+    if reason:
+        _say(host, f"{reason}: restarting it through the {spec.level} gate; on failure "
+                   + (f"the previous release {fallback} is restored" if fallback else "nothing is left serving"),
+             fg="yellow")
+    Swap(host, remote, spec.rig, "recover" if reason else "deploy", spec.meta, spec.level, spec.timeout_s,
+         reason).run(book, fallback, started)
+
+
+def crashed(book: Ledger, observed: dict[str, Any], release_id: str) -> str | None:
+    """Why the ledger's current release, the one to serve, needs recovering (its engine died or
+    turned unhealthy after its gate passed), or None when this is not a recovery."""
+    if ledger.current_id(book) != release_id:
+        return None
+    mine = [c for c in observed.get("containers") or [] if c.get("release") == release_id]
+    if not mine:
+        return f"release {release_id} passed its gate but has no container any more"
+    if not any(c.get("status") == "running" for c in mine):
+        states = ", ".join(f"{c.get('status')}, {c.get('restart_count', 0)} restarts" for c in mine)
+        return f"release {release_id} passed its gate but its engine is not running ({states})"
+    if any(c.get("health") == "unhealthy" for c in mine):
+        return f"release {release_id} passed its gate but its engine is unhealthy"
+    return None
 
 
 def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: int, auth: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ def vllm_image(ctx: RigContext) -> None:
         image.genesis_fetched(name=f"Genesis {pinset.genesis.commit[:12]}: fetch and verify", tag=tag,
                               genesis=tree)
     image.base_image_present(name=f"Base image {pinset.base_image.ref}: get and verify", tag=tag,
-                             base=pinset.base_image)
+                             base=pinset.base_image, registry=ctx.rig.registry)
     image.wheels_fetched(name="Python deps: download wheels", tag=tag, from_ref=pinset.base_image.ref,
                          deps=render.wheel_deps(pinset), index_url=pinset.pip_index_url)
     image.context_files(name="Dockerfile and entrypoint", tag=tag, rendered=render.image_files(pinset))

@@ -186,6 +186,55 @@ def test_image_registry_pull_first_and_push_after() -> None:
     assert "docker push registry.fleet:5000/rigfleet/vllm:" in steps[-1].text
 
 
+FAKE_DOCKER = """#!/bin/sh
+# docker as a rig with this fleet registry sees it: upstream lost the pinned tag (and serves nothing
+# of it); the registry holds the pinned digest when $HAS_IT is set
+echo "$*" >> "$CALLS"
+case "$1 $2" in
+  "pull registry.fleet:5000/"*) [ -n "$HAS_IT" ] || { echo "manifest unknown" >&2; exit 1; } ;;
+  "pull "*) echo "Error response from daemon: manifest for $2 not found" >&2; exit 1 ;;
+  "tag "*) [ -n "$HAS_IT" ] || exit 1; touch "$CALLS.tagged" ;;
+  "image inspect") [ -f "$CALLS.tagged" ] || exit 1
+    case "$*" in *RepoDigests*) echo "registry.fleet:5000/vllm/vllm-openai@$DIGEST " ;; *) echo sha256:abc ;; esac ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("in_registry", [True, False])
+def test_a_base_tag_gone_upstream_comes_from_the_fleet_registry_by_digest_or_is_refused(
+        tmp_path: Path, in_registry: bool) -> None:
+    """The pinned base image's tag vanished upstream; the fleet registry may hold the pinned digest.
+    The planned step runs for real in sh with a stand-in `docker` on PATH."""
+    data = pinset_data()
+    data["base_image"] = {k: v for k, v in data["base_image"].items() if k != "archive"}  # pulled, not loaded
+    ctx = make_ctx(data, registry="registry.fleet:5000")
+    [base] = [s for s in plan(vllm_image, ctx, image_facts()) if s.name.startswith("vllm_image | Base image")]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "docker").write_text(FAKE_DOCKER)
+    (bindir / "docker").chmod(0o755)
+    calls = tmp_path / "calls"
+    text = base.text.replace(image_ops.build_log(render.image_tag(ctx.pinset)), str(tmp_path / "build.log"))
+    proc = subprocess.run(["sh", "-c", text], capture_output=True, text=True, timeout=60, env={
+        "PATH": f"{bindir}:/usr/bin:/bin", "CALLS": str(calls), "DIGEST": DIGEST, "HAS_IT": "1" if in_registry else ""})
+    pulls = [line.split()[1] for line in calls.read_text().splitlines() if line.startswith("pull ")]
+    assert pulls[0] == f"registry.fleet:5000/vllm/vllm-openai@{DIGEST}", "the fleet registry's copy first"
+    assert all(p.endswith(f"@{DIGEST}") for p in pulls), f"never the bare (moving) tag: {pulls}"
+    if in_registry:
+        assert proc.returncode == 0, proc.stderr
+        assert pulls == [f"registry.fleet:5000/vllm/vllm-openai@{DIGEST}"]
+        assert f"tag registry.fleet:5000/vllm/vllm-openai@{DIGEST} vllm/vllm-openai:nightly-x" in calls.read_text()
+        assert "verified" in proc.stdout
+    else:
+        assert proc.returncode == 1
+        assert pulls[1] == f"vllm/vllm-openai:nightly-x@{DIGEST}"
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"rigfleet: base image: vllm/vllm-openai@{DIGEST} is in neither the fleet registry registry.fleet:5000 "
+            f"nor upstream (vllm/vllm-openai:nightly-x@{DIGEST}; see {tmp_path / 'build.log'}); the pin is never "
+            "replaced by what the tag nightly-x means now: push that digest to registry.fleet:5000/vllm/vllm-openai "
+            "or give the pin set an archive")
+
+
 def test_image_python_deps_become_wheels_from_the_base_image() -> None:
     ctx = make_ctx(pinset_data(python_deps={"xxhash": "3.5.0"}, pip_index_url="https://pypi.example/simple"))
     wheels = next(s for s in plan(vllm_image, ctx, image_facts()) if "wheels" in s.name)

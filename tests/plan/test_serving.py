@@ -396,3 +396,59 @@ def test_pyinfra_plan_on_a_fake_host(example_inventory: Path, converged: bool) -
     [(host, meta)] = add_op(state, ops.release, spec=spec, name="serve").items()
     assert meta.will_change is (not converged)
     assert any(f"python3 - {spec.release_id}" in c for c in host.connector.executed_commands)
+
+
+# --- the engine died after its gate passed (a crash, an OOM kill): the next converge recovers it ---
+
+def crashed_after_the_gate(example_inventory: Path) -> tuple[FakeRig, ops.ReleaseSpec, ops.ReleaseSpec]:
+    """Release `new` passed its gate (the ledger's current, `old` its previous), then its engine died."""
+    rig, old = deployed(example_inventory)
+    new = release_spec(context(example_inventory, variant="tq3-nomtp"))
+    rig.images.add(new.image)
+    run_swap(rig, new)
+    rig.containers[0].update(status="exited", restart_count=3)
+    return rig, old, new
+
+
+def test_a_crashed_current_release_is_recovered_and_the_ledger_says_so(example_inventory: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    rig, old, new = crashed_after_the_gate(example_inventory)
+    assert len(plan(rig, new, monkeypatch)[0]) == 1
+    attempts = len(rig.ledger["attempts"])
+    run_swap(rig, new)
+    assert rig.running() == [new.release_id]
+    book = rig.ledger
+    assert len(book["attempts"]) == attempts + 1
+    attempt = book["attempts"][-1]
+    assert attempt["kind"] == "recover" and attempt["result"] == "passed" and attempt["from_release"] == old.release_id
+    assert attempt["reason"] == (f"release {new.release_id} passed its gate but its engine is not running "
+                                 "(exited, 3 restarts)")
+    assert book["current"]["release_id"] == new.release_id and book["previous"]["release_id"] == old.release_id
+    assert any("restarting it through the basic gate" in line for line in rig.logs)
+
+
+def test_a_recovery_that_fails_its_gate_restores_the_last_good_release(example_inventory: Path) -> None:
+    rig, old, new = crashed_after_the_gate(example_inventory)
+    rig.gate_ok[new.release_id] = False  # it dies again: the previous release is the last good one
+    with pytest.raises(ops.ServingError, match=f"previous release {old.release_id} is serving again"):
+        run_swap(rig, new)
+    assert rig.running() == [old.release_id] and rig.current_link == f"{RELEASES_DIR}/{old.release_id}"
+    book = rig.ledger
+    attempt = book["attempts"][-1]
+    assert attempt["kind"] == "recover" and attempt["result"] == "failed"
+    assert attempt["restored"] == old.release_id and attempt["restore_ok"] is True
+    # the ledger follows what serves; the inventory still wants `new`: the next converge is a deploy
+    assert book["current"]["release_id"] == old.release_id and book["previous"]["release_id"] == new.release_id
+    assert ops.crashed(ledger.load(book, "rig-01"), rig.observed(new.release_id), new.release_id) is None
+
+
+def test_a_healthy_current_release_or_another_target_is_no_recovery(example_inventory: Path) -> None:
+    rig, spec = deployed(example_inventory)
+    book = ledger.load(rig.ledger, "rig-01")
+    assert ops.crashed(book, rig.observed(spec.release_id), spec.release_id) is None
+    assert ops.crashed(book, rig.observed(), "another-release") is None
+    rig.containers[0]["health"] = "unhealthy"
+    assert ops.crashed(book, rig.observed(), spec.release_id) == (
+        f"release {spec.release_id} passed its gate but its engine is unhealthy")
+    rig.containers.clear()
+    assert "has no container any more" in str(ops.crashed(book, rig.observed(), spec.release_id))

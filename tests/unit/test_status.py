@@ -54,3 +54,13 @@ def test_driver_mismatch_and_fresh_rig(example_inventory: Path) -> None:
 def test_probe_parses_json() -> None:
     assert RigProbe().process(['{"os": "debian 13",', '"kernel": "6.1"}']) == {"os": "debian 13", "kernel": "6.1"}
     assert "base64 -d | python3 -" in RigProbe().command()
+
+
+def test_an_engine_that_died_after_its_gate_is_shown_with_its_state(example_inventory: Path) -> None:
+    rel = release(example_inventory)
+    probe = converged_probe(rel)
+    probe["containers"] = [f"{rel.release_id()} exited Exited (137) 8 seconds ago"]
+    assert drift(rel, probe) == [f"serving: release {rel.release_id()} exited (Exited (137) 8 seconds ago); "
+                                 "the next converge restarts it through the gate"]
+    probe["containers"] = []
+    assert drift(rel, probe) == ["serving: no rigfleet container running"]
