@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
 
-from rigfleet import paths, pindiff, planner, release
+from rigfleet import paths, pindiff, planner, release, tables
 from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
 from rigfleet.cli_fleet import repin, status_command
 from rigfleet.cli_hostkeys import hostkeys_command
@@ -123,13 +122,13 @@ def plan(as_json: bool, from_spec: str | None) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     warn(warnings)
-    table = Table(title=f"rigfleet plan: {fleet.inventory_dir}")
-    for column in ("rig", "variant", "pinset", "port", "KV pool", "262K streams", "image"):
-        table.add_column(column, overflow="fold")
+    table = tables.fitted(f"rigfleet plan: {fleet.inventory_dir}", [
+        ("rig", "key"), ("variant", "fold"), ("pinset", "fold"), ("port", "key"), ("KV pool", "key"),
+        ("262K streams", "fold"), ("image", "cut")])
     for row in rows:
         table.add_row(row["rig"], row["variant"], row["pinset"], str(row["port"]),
                       f"{row['kv_pool_tokens'] / 1e6:.2f}M", f"{row['max_full_context_streams']} "
-                      f"({row['concurrency']}x)", row["image_tag"])
+                      f"({row['concurrency']}x)", tables.short_image(row["image_tag"]))
     Console().print(table)
     if from_spec:
         print_changes(from_spec, {row["rig"]: row["changes_from"]["changes"] for row in rows})

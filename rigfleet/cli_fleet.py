@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import cli_watch, live, liveness, pindiff, rollout, runner, status
+from rigfleet import cli_watch, live, liveness, pindiff, rollout, runner, status, tables
 from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
@@ -92,24 +93,42 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
     if as_json:
         click.echo(json.dumps(live.merge(rows, live.collect(fleet)), indent=2))
         return
-    table = Table(title=f"rigfleet status: {fleet.inventory_dir}")
-    for column in ("rig", "up", "distro/kernel", "driver", "docker", "toolkit", "release", "healthy",
-                   "KV pool", "API reach", "drift"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        drift = "\n".join(row["drift"]) if row["drift"] else "none"
-        table.add_row(
-            row["rig"], "yes" if row["reachable"] else "[red]NO[/red]", row.get("os") or "-",
-            row.get("driver") or "-", row.get("docker") or "-", row.get("toolkit") or "-",
-            f"{row['pinset'] or '-'} / {row['variant'] or '-'}", _yes_no(row["healthy"]),
-            f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-",
-            row["api_reach"]["label"],
-            f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]",
-        )
-    out.print(table)
+    for table in status_tables(f"rigfleet status: {fleet.inventory_dir}", rows, out.width):
+        out.print(table)
     for row in rows:
         for risk in row.get("risks", ()):
             out.print(f"risk on {row['rig']}: {risk}", markup=False, style="yellow")
+
+
+HOST_COLUMNS: list[tuple[str, tables.Kind]] = [("rig", "key"), ("up", "key"), ("distro/kernel", "fold"),
+                                               ("driver", "fold"), ("docker", "fold"), ("toolkit", "fold")]
+SERVING_COLUMNS: list[tuple[str, tables.Kind]] = [("release", "fold"), ("healthy", "key"), ("KV pool", "key"),
+                                                  ("API reach", "cut"), ("drift", "fold")]
+WIDE = 150  # below this the host stack and the serving side are two tables, each fitting the width
+
+
+def status_tables(title: str, rows: list[dict[str, Any]], width: int) -> list[Table]:
+    def host(row: dict[str, Any]) -> list[str]:
+        return [row["rig"], "yes" if row["reachable"] else "[red]NO[/red]", row.get("os") or "-",
+                row.get("driver") or "-", row.get("docker") or "-", row.get("toolkit") or "-"]
+
+    def serving(row: dict[str, Any]) -> list[str]:
+        drift = "\n".join(row["drift"]) if row["drift"] else "none"
+        return [f"{row['pinset'] or '-'} / {row['variant'] or '-'}", _yes_no(row["healthy"]),
+                f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-", row["api_reach"]["label"],
+                f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]"]
+
+    if width >= WIDE:
+        table = tables.fitted(title, HOST_COLUMNS + SERVING_COLUMNS)
+        for row in rows:
+            table.add_row(*host(row), *serving(row))
+        return [table]
+    stack = tables.fitted(f"{title} (host stack)", HOST_COLUMNS)
+    side = tables.fitted(f"{title} (serving)", [("rig", "key"), *SERVING_COLUMNS])
+    for row in rows:
+        stack.add_row(*host(row))
+        side.add_row(row["rig"], *serving(row))
+    return [stack, side]
 
 
 def _yes_no(value: bool | None) -> str:

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rigfleet"
 
 # Lowest first. A module may import from its own layer or one below it, never from above.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("foundation", {"errors", "escape", "paths", "grammar", "rigstate", "rigpython", "ledger", "liveness", "riglock",
+    ("foundation", {"errors", "escape", "tables", "paths", "grammar", "rigstate", "rigpython", "ledger", "liveness",
+                    "riglock",
                     "gate", "gate.checks", "gate.probe"}),
     ("schema", {"schema"}),
     ("catalog/loader", {"catalog", "loader", "planner", "exposure"}),
