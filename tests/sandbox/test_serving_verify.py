@@ -92,3 +92,42 @@ def test_smoke_and_full_pass_on_the_serving_rig_and_change_only_the_ledger(
     assert serving_container(sandbox) == container  # the engine was not restarted
     assert sandbox.ssh(RIG, "ls -d /tmp/rigfleet-verify-* 2>/dev/null | wc -l").stdout.strip() == "0"
 
+
+
+def test_status_watch_in_a_terminal_of_80_columns(sandbox: Sandbox, inventory: Path, serving: str) -> None:
+    """`status --watch` in a real pseudo-terminal 80 columns wide: the fields are there, and they update."""
+    import fcntl
+    import pty
+    import re
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the operator's shell in an 80x40 terminal
+        os.environ.update({"RIGFLEET_INVENTORY": str(inventory), "TERM": "xterm-256color"})
+        os.execv(bin_path("rigfleet"), ["rigfleet", "status", "--watch", "--interval", "1", "--count", "3"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    raw = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child exited and closed the terminal
+            break
+        if not chunk:
+            break
+        raw += chunk
+    _, code = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "", raw.decode("utf-8", "replace"))
+    print(text[-4000:])
+    assert os.waitstatus_to_exitcode(code) == 0
+    stamps = re.findall(r"rigfleet status --watch\s+(\d\d:\d\d:\d\d) UTC", text)
+    assert len(set(stamps)) >= 2, stamps  # it refreshed
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert max(len(line) for line in lines) <= 80
+    [rig_line] = list(dict.fromkeys(line for line in lines if line.startswith(RIG + " ") and "GiB" not in line))[-1:]
+    assert "healthy" in rig_line and "ok full" in rig_line, rig_line  # the verify above, from the ledger
+    assert any(line.startswith(RIG + " ") and " C " in line and " W" in line and "GiB" in line for line in lines)
