@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import gevent
 from rich.console import Console
 
 from rigfleet import live, watch
@@ -37,5 +38,12 @@ def check_options(interval: str, count: str | None) -> tuple[float, int | None]:
 def run(interval: str, count: str | None) -> None:
     seconds, frames = check_options(interval, count)
     fleet, _ = load_checked()
-    with contextlib.suppress(KeyboardInterrupt):  # the way out of an unbounded watch
-        watch.watch(lambda: live.collect(fleet), seconds, frames, Console(highlight=False))
+    # An unreachable rig is a row saying `offline`; gevent's own report of the failed connect
+    # greenlet would otherwise be written through the frame.
+    hub = gevent.get_hub()
+    hub.exception_stream = None
+    try:
+        with contextlib.suppress(KeyboardInterrupt):  # the way out of an unbounded watch
+            watch.watch(lambda: live.collect(fleet), seconds, frames, Console(highlight=False))
+    finally:
+        del hub.exception_stream  # back to gevent's default (sys.stderr)

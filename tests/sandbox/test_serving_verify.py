@@ -121,7 +121,8 @@ def test_status_watch_in_a_terminal_of_80_columns(sandbox: Sandbox, inventory: P
             break
         raw += chunk
     _, code = os.waitpid(pid, 0)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "", raw.decode("utf-8", "replace"))
+    # the terminal's control sequences (cursor moves, line clears) end a line on the screen
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "\n", raw.decode("utf-8", "replace"))
     print(text[-4000:])
     assert os.waitstatus_to_exitcode(code) == 0
     stamps = re.findall(r"rigfleet status --watch\s+(\d\d:\d\d:\d\d) UTC", text)

@@ -159,3 +159,13 @@ def test_status_json_carries_the_live_fields(example_inventory: Path, monkeypatc
     assert set(live.LIVE_FIELDS) <= set(row) and row["healthy"] is True and row["drift"] == []
     assert row["kv_cache_pct"] == 97.2 and row["gpus"][1]["temp_c"] == 88.0
     assert row["last_verify"] == {"result": "failed", "level": "soak"}
+
+
+def test_an_unreachable_rig_is_an_offline_row_not_a_torn_frame(example_inventory: Path) -> None:
+    """The example rigs are on a documentation network: the connect fails, and only the row says so."""
+    result = CliRunner().invoke(main, ["status", "--watch", "--count", "1"],
+                                env={"RIGFLEET_INVENTORY": str(example_inventory), "COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert [line.split()[:3] for line in result.stdout.splitlines() if line.startswith("rig-")] == [
+        [rig, "-", "offline"] for rig in ("rig-01", "rig-02", "rig-11", "rig-12")]
+    assert "Greenlet" not in result.output and "PyinfraError" not in result.output, result.output
