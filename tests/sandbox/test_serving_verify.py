@@ -121,8 +121,9 @@ def test_status_watch_in_a_terminal_of_80_columns(sandbox: Sandbox, inventory: P
             break
         raw += chunk
     _, code = os.waitpid(pid, 0)
-    # the terminal's control sequences (cursor moves, line clears) end a line on the screen
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "\n", raw.decode("utf-8", "replace"))
+    # colours go; the other control sequences (cursor moves, line clears) end a line on the screen
+    text = re.sub(r"\x1b\[[0-9;]*m", "", raw.decode("utf-8", "replace"))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r", "\n", text)
     print(text[-4000:])
     assert os.waitstatus_to_exitcode(code) == 0
     stamps = re.findall(r"rigfleet status --watch\s+(\d\d:\d\d:\d\d) UTC", text)
