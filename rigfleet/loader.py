@@ -405,8 +405,9 @@ def _problem(owner: str, error: Any, values: dict[str, Any], sources: dict[str, 
     kind = error["type"]
     source = sources.get(top)
     if top in SECRET_FIELDS:
-        # whatever the shape (a string, a list, {value: S}, {env: X, file: S}), print no value
-        return Problem(owner, field_name, "<hidden>", "secrets are given by reference, never inline",
+        # whatever the shape (a string, a list, {value: S}, {env: X, file: S}, {env: X, S: 1}), print
+        # no value and no path below the field (a secret given as a key would be in the path)
+        return Problem(owner, top, "<hidden>", "secrets are given by reference, never inline",
                        f"write {top}: {{env: VAR_NAME}} or {top}: {{file: /path/to/file}}", source)
     if kind == "extra_forbidden":
         known = [name for name in model.model_fields if name not in ("name", "groups")]

@@ -26,6 +26,8 @@ SHAPES: list[tuple[str, Any]] = [
     ("hf_token", S),
     ("hf_token", {"file": [S]}),
     ("api_key", 12345678901234567890),
+    ("api_key", {"env": "X", S: 1}),  # the secret as a key: it would be in the field's path (found by the fuzzer)
+    ("hf_token", {S: "x"}),
 ]
 
 
