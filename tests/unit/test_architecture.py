@@ -174,3 +174,14 @@ def test_inline_rig_python_goes_one_way() -> None:
     offenders = [module for module, path in modules().items()
                  if module != "rigpython" and "| python3 -" in path.read_text(encoding="utf-8")]
     assert not offenders
+
+
+def test_one_role_loop() -> None:
+    # rigfleet.roles.run_roles is the loop over roles; every caller goes through it
+    loops = [module for module, path in modules().items()
+             if module != "roles" and ("for role in" in (text := path.read_text(encoding="utf-8"))
+                                       or "host.loop(" in text)]
+    assert not loops, f"these loop over roles themselves; call rigfleet.roles.run_roles: {loops}"
+    edges = graph()
+    callers = {module for module, path in modules().items() if "run_roles(" in path.read_text(encoding="utf-8")}
+    assert {"deploy", "runner"} <= callers and all("roles" in edges[m] for m in callers - {"roles"})
