@@ -23,6 +23,13 @@ class ApiAllowlist(FactBase[AllowlistState]):
                 f"if [ -x {s} ] && {s} check >/dev/null 2>&1; then echo live; fi; fi")
 
     @override
+    @staticmethod
+    def default() -> AllowlistState:
+        # nothing printed (no script, no unit: every rig without an allowlist) is "not installed";
+        # pyinfra gives a fact with no output its default(), which would otherwise be None
+        return AllowlistState(installed=False, live=False)
+
+    @override
     def process(self, output: list[str]) -> AllowlistState:
         words = {line.strip() for line in output}
         return AllowlistState(installed="installed" in words, live="live" in words)

@@ -4,6 +4,7 @@ taken out when no longer needed. The rules themselves meet real iptables in test
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rigfleet import render
@@ -78,3 +79,17 @@ def test_an_allowlist_no_longer_needed_is_removed() -> None:
     assert any(f"systemctl disable {render.ALLOWLIST_UNIT}" in c for c in result.commands)
     assert any("rm" in c and render.ALLOWLIST_SCRIPT in c for c in result.commands)
     assert any("rm" in c and UNIT_PATH in c for c in result.commands)
+
+
+def test_a_rig_without_the_allowlist_reads_as_not_installed(tmp_path: Path) -> None:
+    """Nothing installed: the fact's command prints nothing, and pyinfra then gives the fact its
+    default() (not process()); that must be a state, not None (the role reads `.installed`)."""
+    import subprocess
+
+    from rigfleet.facts.firewall import AllowlistState, ApiAllowlist
+
+    fact = ApiAllowlist()
+    printed = subprocess.run(["sh", "-c", fact.command(str(tmp_path / "script"), str(tmp_path / "unit"))],
+                             capture_output=True, text=True, timeout=30).stdout
+    assert printed == ""
+    assert fact.default() == AllowlistState(installed=False, live=False)
