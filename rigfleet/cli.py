@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from rigfleet import paths, pindiff, planner, release, tables
+from rigfleet import errors, paths, pindiff, planner, release, tables
 from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
 from rigfleet.cli_fleet import repin, status_command
 from rigfleet.cli_hostkeys import hostkeys_command
@@ -39,6 +39,7 @@ def main(inventory: Path | None) -> None:
     hosts.yml (an operator repo written by `rigfleet init`). There is no other default.
     """
     paths.select(inventory)
+    errors.forget_shown()
 
 
 @main.command()

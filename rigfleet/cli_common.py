@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from rigfleet import guard
-from rigfleet.errors import InputError, Problem
+from rigfleet.errors import InputError, Problem, unseen_warnings
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet.paths import inventory_dir
 
@@ -38,9 +38,8 @@ def user_errors(func: F) -> F:
 
 
 def warn(problems: list[Problem]) -> None:
-    for problem in problems:
-        if problem.warning:
-            err.print(problem.render(), style="yellow", markup=False)
+    for problem in unseen_warnings(problems, inventory_dir()):
+        err.print(problem.render(), style="yellow", markup=False)
 
 
 def load_checked() -> tuple[Fleet, list[Problem]]:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import pyinfra
 
 from rigfleet import guard, release
-from rigfleet.errors import FLEET, InputError, Problem
+from rigfleet.errors import FLEET, InputError, Problem, unseen_warnings
 from rigfleet.loader import Fleet, load_fleet, pyinfra_name
 from rigfleet.paths import inventory_dir
 from rigfleet.render import Release
@@ -81,7 +81,7 @@ def _fleet(path: Path) -> Fleet:
     try:
         overrides = cli_data_overrides(sys.argv) if pyinfra.is_cli else {}
         loaded = load_fleet(path, overrides)
-        for warning in guard.enforce(loaded):
+        for warning in unseen_warnings(guard.enforce(loaded), path):
             print(warning.render(), file=sys.stderr)
     except InputError as exc:
         _exit_with(exc)

@@ -30,6 +30,27 @@ class Problem:
                 f"{where}. Fix: {self.fix}")
 
 
+_shown: set[tuple[str, str]] = set()
+
+
+def unseen_warnings(problems: Iterable[Problem], scope: object) -> list[Problem]:
+    """The warnings among `problems` that this process has not shown yet for `scope` (the
+    inventory): each is printed once, however often one command loads the fleet (the CLI and a
+    rollout's runner, pyinfra's two entry files) or the guard reports it."""
+    fresh = []
+    for problem in problems:
+        key = (str(scope), problem.render())
+        if problem.warning and key not in _shown:
+            _shown.add(key)
+            fresh.append(problem)
+    return fresh
+
+
+def forget_shown() -> None:
+    """A new command in this process (the CLI's entry): its warnings are shown afresh."""
+    _shown.clear()
+
+
 class InputError(Exception):
     """Bad input: the CLI prints the problems and exits 2 without contacting any host."""
 

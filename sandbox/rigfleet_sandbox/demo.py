@@ -36,8 +36,9 @@ def say(text: str) -> None:
 class Progress:
     """pyinfra's log turned into progress lines as they come: elapsed time, rig, operation, result."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, warned: set[str] | None = None) -> None:
         self.clock = clock
+        self.warned = warned if warned is not None else set()  # shown by an earlier command of the demo
         self.started = clock()
         self.operation = ""
         self.op_started = self.started
@@ -46,6 +47,10 @@ class Progress:
         text = ANSI.sub("", raw).rstrip()
         if not text.strip():
             return None
+        if text.startswith("warning:"):
+            if text in self.warned:
+                return None
+            self.warned.add(text)
         now = self.clock()
         stamp = f"[{now - self.started:6.1f}s]"
         start = OP_START.match(text.strip())
@@ -59,9 +64,13 @@ class Progress:
         return f"{stamp} {text.strip().removeprefix('--> ')}"
 
 
-def stream(argv: Sequence[str], cwd: Path, env: dict[str, str], out: IO[str] = sys.stdout) -> tuple[int, str]:
+WARNED: set[str] = set()  # each warning once in the whole demo (plan, then two deploys)
+
+
+def stream(argv: Sequence[str], cwd: Path, env: dict[str, str], out: IO[str] = sys.stdout,
+           warned: set[str] = WARNED) -> tuple[int, str]:
     """Run `argv`, printing a progress line to `out` for each line it logs, as it logs it."""
-    progress = Progress()
+    progress = Progress(warned=warned)
     seen: list[str] = []
     with subprocess.Popen(list(argv), cwd=cwd, env={**env, "PYTHONUNBUFFERED": "1"}, text=True, bufsize=1,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
@@ -73,6 +82,17 @@ def stream(argv: Sequence[str], cwd: Path, env: dict[str, str], out: IO[str] = s
                 print(shown, file=out, flush=True)
         code = proc.wait()
     return code, "".join(seen)
+
+
+def print_once(output: str, warned: set[str] = WARNED) -> None:
+    """A command's output as it is, less the warnings an earlier command of the demo printed."""
+    for line in output.splitlines():
+        text = ANSI.sub("", line).rstrip()
+        if text.startswith("warning:"):
+            if text in warned:
+                continue
+            warned.add(text)
+        print(line)
 
 
 def run_deploy(env: dict[str, str]) -> tuple[int, str]:
@@ -124,7 +144,9 @@ def main() -> int:
     env = {**os.environ, "RIGFLEET_INVENTORY": str(info.inventory_dir)}
 
     say("rigfleet plan")
-    subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "plan"], cwd=repo_root(), env=env, check=False)
+    plan = subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "plan"], cwd=repo_root(), env=env,
+                          check=False, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    print_once(plan.stdout)
 
     say("pyinfra inventory.py deploy.py (first run: converge)")
     code, _ = run_deploy(env)
