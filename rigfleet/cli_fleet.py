@@ -61,6 +61,7 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
     out.print()
     if result.ok:
         out.print(f"[green]re-pin complete[/green]: {len(result.touched)} rigs converged")
+        _images(result)
         return
     unreachable = result.unreachable
     lost = [rig for wave in result.waves for rig, outcome in wave.outcomes.items() if liveness.lost(outcome)]
@@ -74,7 +75,13 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
               "a rig lost mid-converge may have stopped half-way (its ledger still names the release it last "
               "passed). Fix the cause (for a lost rig: wait until it answers again) and run the same command "
               "again to continue.")
+    _images(result)
     sys.exit(1)
+
+
+def _images(result: rollout.Rollout) -> None:
+    for line in result.image_lines():
+        out.print(line, markup=False)
 
 
 @click.command(name="status")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from rigfleet.errors import InputError, Problem
 from rigfleet.loader import Fleet
-from rigfleet.runner import RigOutcome
+from rigfleet.runner import BUILT, RigOutcome
 
 Converge = Callable[[Fleet, list[str]], dict[str, RigOutcome]]
 
@@ -58,6 +58,17 @@ class Rollout:
     @property
     def ok(self) -> bool:
         return not self.failed and not self.untouched
+
+    def image_lines(self) -> list[str]:
+        """How many images this rollout built, and where each converged rig got its image."""
+        sources = {rig: outcome.image for wave in self.waves for rig, outcome in wave.outcomes.items()
+                   if outcome.image is not None}
+        if not sources:
+            return []
+        built = [rig for rig, source in sources.items() if source == BUILT]
+        lines = [f"images built: {len(built)}" + (f" (on {', '.join(built)})" if built else "")]
+        lines += [f"  {rig}: image {source}" for rig, source in sources.items()]
+        return lines
 
 
 def scope(fleet: Fleet, group: str | None, limit: Iterable[str] | None) -> list[str]:

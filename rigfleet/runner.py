@@ -40,6 +40,7 @@ class RigOutcome:
     changed: int = 0
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # `rigfleet: warning:` lines of operations that passed
+    image: str | None = None  # where the serving image came from: one of IMAGE_SOURCES, None if not looked at
 
     @property
     def summary(self) -> str:
@@ -178,6 +179,25 @@ def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
             raise greenlet.value
 
 
+# What the image operations say on the rig (operations.image) -> where the rig got its image.
+BUILT, PULLED, PRESENT = "built here", "pulled from the fleet registry", "already present"
+IMAGE_SAID = ((re.compile(r"^rigfleet: image \S+: built \("), BUILT),
+              (re.compile(r"^rigfleet: image \S+: pulled from the fleet registry"), PULLED))
+BUILD_OP = "Build "  # roles.vllm_image names its last image operation `Build TAG` (after `role | `)
+
+
+def _image_source(meta: Any) -> str | None:
+    try:
+        lines = meta.stdout_lines
+    except (AssertionError, RuntimeError):
+        return None
+    for line in lines:
+        for said, source in IMAGE_SAID:
+            if said.match(line.strip()):
+                return source
+    return None
+
+
 def _collect(state: State, outcomes: dict[str, RigOutcome], raised: dict[str, list[str]] | None = None) -> None:
     for host in state.inventory:
         outcome = outcomes[host.name]
@@ -195,6 +215,10 @@ def _collect(state: State, outcomes: dict[str, RigOutcome], raised: dict[str, li
                 outcome.warnings += _warnings(meta)
                 if meta.did_change():
                     outcome.changed += 1
+                    outcome.image = _image_source(meta) or outcome.image
+                names = state.op_meta[op_hash].names
+                if outcome.image is None and any(n.rsplit(" | ", 1)[-1].startswith(BUILD_OP) for n in names):
+                    outcome.image = PRESENT  # the build step ran and neither pulled nor built: it was there
         if host in state.failed_hosts:
             outcome.ok = False
 
