@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
+from packaging.version import Version
+
 from rigfleet import catalog, exposure, planner, release
 from rigfleet.errors import FLEET, InputError, Problem, one_of
 from rigfleet.loader import Fleet
@@ -147,6 +149,7 @@ def _rig(rig: Rig, fleet: Fleet) -> Iterator[Problem]:
     yield from _rig_variant(rig, variant, gpu, problem)
     yield from exposure.problems(rig, rig.port or variant.port, problem)
     if pinset is not None:
+        yield from _kv_dtype_on_card(variant, pinset, gpu, problem)
         yield from _rig_pinset(rig, variant, pinset, problem)
 
 
@@ -166,10 +169,6 @@ def _rig_variant(rig: Rig, variant: Variant, gpu: dict, problem) -> Iterator[Pro
     if gpu["vram_mib"] < variant.min_vram_mib:
         yield problem("gpu_model", rig.gpu_model, f"{variant.name} needs {variant.min_vram_mib} MiB per GPU",
                       "choose a variant for smaller cards")
-    if variant.kv_cache_dtype in gpu["unsupported_kv_cache_dtypes"]:
-        yield problem("variant", variant.name,
-                      f"KV dtype {variant.kv_cache_dtype} is not supported on sm_{gpu['compute_capability']}",
-                      "choose a variant with fp8_e5m2, int8_per_token_head or turboquant KV")
     if variant.mtp_tokens > model["mtp_max_tokens"]:
         yield problem("variant", variant.name, f"MTP {variant.mtp_tokens} exceeds the model's head",
                       f"use at most {model['mtp_max_tokens']}")
@@ -191,6 +190,16 @@ def _rig_variant(rig: Rig, variant: Variant, gpu: dict, problem) -> Iterator[Pro
                       f"max-num-seqs {variant.max_num_seqs} exceeds the {capacity.max_full_context_streams} "
                       "full-context streams the pool holds; long requests will queue", "accept, or reduce load",
                       warning=True)
+
+
+def _kv_dtype_on_card(variant: Variant, pinset: PinSet, gpu: dict, problem) -> Iterator[Problem]:  # type: ignore[no-untyped-def]
+    first = gpu.get("kv_cache_dtype_min_vllm", {}).get(variant.kv_cache_dtype)
+    if first is not None and Version(pinset.vllm_version) < Version(first):
+        yield problem("variant", variant.name,
+                      f"KV dtype {variant.kv_cache_dtype} runs on sm_{gpu['compute_capability']} only from vLLM "
+                      f"{first}; pin set {pinset.name} has {pinset.vllm_version}",
+                      f"use a pin set with vLLM >= {first}, or a variant with fp8_e5m2, int8_per_token_head "
+                      "or turboquant KV")
 
 
 def _rig_pinset(rig: Rig, variant: Variant, pinset: PinSet, problem) -> Iterator[Problem]:  # type: ignore[no-untyped-def]

@@ -63,14 +63,14 @@ def test_cuda13_needs_driver_580(example_inventory: Path) -> None:
     assert any("driver.branch" in e and "580" in e for e in errors(example_inventory))
 
 
-def test_fp8_e4m3_is_not_on_sm86(example_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rigfleet import catalog
-
-    real = catalog.variants()
-    fp8 = real["fp8-mtp"].model_copy(update={"kv_cache_dtype": "fp8_e4m3"})
-    monkeypatch.setattr(catalog, "variants", lambda: {**real, "fp8-mtp": fp8})
-    set_host(example_inventory, "rig-01", variant="fp8-mtp")
-    assert any("fp8_e4m3" in e and "sm_8.6" in e for e in errors(example_inventory))
+def test_fp8_e4m3_on_sm86_needs_a_vllm_that_runs_it(example_inventory: Path) -> None:
+    """club-3090's dual-3090 default (fp8-mtp, fp8_e4m3 KV) is fine on the stock v0.27.1 pin set and
+    refused on the seed's 0.20.2 nightly, whose builds fail on sm_86 (vllm#26431)."""
+    set_host(example_inventory, "rig-01", variant="fp8-mtp", pinset="stock-v0-27-1")
+    assert not [e for e in errors(example_inventory) if "rig-01" in e], errors(example_inventory)
+    set_host(example_inventory, "rig-01", variant="fp8-mtp", pinset="seed-2026-05")
+    refused = [e for e in errors(example_inventory) if "rig-01" in e and "fp8_e4m3" in e]
+    assert refused and "sm_8.6" in refused[0] and "0.27.1" in refused[0], errors(example_inventory)
 
 
 def test_batched_token_budgets_must_match(example_inventory: Path) -> None:

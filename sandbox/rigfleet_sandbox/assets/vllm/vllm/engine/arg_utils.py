@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from vllm._sim import platform
 from vllm.config.vllm import ModelConfig, SpeculativeConfig, VllmConfig, env_flag
+from vllm.version import __version__, __version_tuple__
 
 _TQ_HYBRID_SUPPORTED = False  # [anchor P4]
 
@@ -116,10 +117,13 @@ class EngineArgs:
         kv_cache_dtype: str, model: ModelConfig, spec: SpeculativeConfig | None
     ) -> None:
         cc = platform.capability_str()
-        if kv_cache_dtype == "fp8_e4m3" and platform.COMPUTE_CAPABILITY < (8, 9):
+        # as rigfleet's catalog records it (gpus.yaml kv_cache_dtype_min_vllm): builds before 0.27.1
+        # fail on sm_86 (vllm#26431); club-3090 runs fp8_e4m3 on 3090s with v0.27.1
+        if (kv_cache_dtype == "fp8_e4m3" and platform.COMPUTE_CAPABILITY < (8, 9)
+                and tuple(__version_tuple__[:3]) < (0, 27, 1)):
             raise ValueError(
-                f"fp8_e4m3 KV cache is not supported on compute capability {cc} ({platform.DEVICE_NAME}): "
-                "FP8 E4M3 needs sm_89 or newer. Use --kv-cache-dtype fp8_e5m2, int8_per_token_head or auto."
+                f"fp8_e4m3 KV cache is not supported on compute capability {cc} ({platform.DEVICE_NAME}) "
+                f"by vLLM {__version__}. Use --kv-cache-dtype fp8_e5m2, int8_per_token_head or auto."
             )
         tq = kv_cache_dtype.startswith("turboquant_")
         if tq and model.is_hybrid and spec is not None and not _TQ_HYBRID_SUPPORTED:
