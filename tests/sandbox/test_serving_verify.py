@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,25 @@ def test_status_watch_in_a_terminal_of_80_columns(sandbox: Sandbox, inventory: P
     [rig_line] = list(dict.fromkeys(line for line in lines if line.startswith(RIG + " ") and "GiB" not in line))[-1:]
     assert "healthy" in rig_line and "ok full" in rig_line, rig_line  # the verify above, from the ledger
     assert any(line.startswith(RIG + " ") and " C " in line and " W" in line and "GiB" in line for line in lines)
+
+
+def test_an_operator_repo_converges_the_rig(sandbox: Sandbox, inventory: Path, serving: str, tmp_path: Path) -> None:
+    """Issue 19: the repo `rigfleet init` writes, holding this rig's inventory, converges it with
+    `pyinfra inventory.py deploy.py` run from that repo (no RIGFLEET_INVENTORY, no checkout on
+    PYTHONPATH, its own entry files): the serving release stays and nothing changes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RIGFLEET_INVENTORY", "PYTHONPATH")}
+    ops = tmp_path / "ops"
+    subprocess.run([bin_path("rigfleet"), "init", str(ops)], cwd="/", env=env, check=True, timeout=60)
+    assert "rigfleet.deploy" in (ops / "deploy.py").read_text()
+    shutil.rmtree(ops / "inventory")
+    shutil.copytree(inventory, ops / "inventory")
+    before = serving_container(sandbox)
+    proc = subprocess.run([bin_path("pyinfra"), "-y", "--json", "inventory.py", "deploy.py"], cwd=ops, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    print(proc.stderr[-4000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    operations = json.loads(proc.stdout)["results"]["operations"]
+    serve = [op for op in operations if any("Serve release" in n for n in op.get("names", []))]
+    assert len(serve) == 1 and serve[0].get("success", []) == [] and serve[0].get("no_change"), serve
+    assert ledger(sandbox)["current"]["release_id"] == serving
+    assert serving_container(sandbox) == before  # not restarted
