@@ -77,7 +77,7 @@ def test_generated_inventory(sandbox: Sandbox) -> None:
 
     inv = sandbox.inventory_dir
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())["all"]["children"]["sandbox"]["hosts"]
-    assert hosts[RIG] == {"ssh_hostname": sandbox.address(RIG)}
+    assert hosts[RIG] == {"ssh_hostname": sandbox.address(RIG), "bind_address": sandbox.address(RIG)}
     group_vars = yaml.safe_load((inv / "group_vars" / "all.yml").read_text())
     assert group_vars["ssh_user"] == "rigop"
     assert group_vars["apt_proxy"] == "http://10.231.0.1:3142"
