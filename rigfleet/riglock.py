@@ -20,6 +20,7 @@ import os
 import shlex
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -128,6 +129,27 @@ def take(host: Any) -> Answer:
     status = channel.recv_exit_status()
     channel.close()
     return parse_answer(_text(first) + rest, stderr, status)
+
+
+def release(host: Any) -> None:
+    """Let the rig's lock go at the end of a converge, in a process that lives on (repin's and
+    rollback's runner converge rig after rig; pyinfra's disconnect keeps the SSH connection open).
+    EOF on the holder's stdin, then wait (bounded) until it has exited, so the lock is free."""
+    client = getattr(host.connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    channel = getattr(transport, _HELD, None) if transport is not None else None
+    if channel is None:
+        return
+    setattr(transport, _HELD, None)
+    try:
+        channel.shutdown_write()
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        while not channel.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except OSError:  # the connection is gone already: so is the lock
+        pass
+    finally:
+        channel.close()
 
 
 def _text(data: str | bytes) -> str:  # paramiko's read() gives bytes, readline() str

@@ -149,6 +149,8 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
                 logging.getLogger(__name__).debug("run_ops: %s", exc)
         _collect(state, outcomes, log.raised)
     finally:
+        for host in state.activated_hosts:
+            riglock.release(host)  # this process may converge the rig again (repin, rollback, tests)
         disconnect_all(state)
     for outcome in outcomes.values():
         if outcome.reachable and not outcome.ok:

@@ -50,6 +50,14 @@ class LocalChannel:
         assert self.proc is not None
         return self.proc.wait(timeout=30)
 
+    def shutdown_write(self) -> None:  # EOF on the rig side's stdin, the channel stays open
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.close()
+
+    def exit_status_ready(self) -> bool:
+        assert self.proc is not None
+        return self.proc.poll() is not None
+
     def close(self) -> None:  # the connection ends: the rig side sees EOF on stdin
         assert self.proc is not None
         self.closed = True
@@ -137,6 +145,21 @@ def test_take_holds_the_lock_for_the_connection_and_refuses_a_second_deploy(lock
     first_transport.channels[0].close()  # disconnect_all
     again, _ = connected_rig("rig-01")
     assert riglock.take(again).taken
+
+
+def test_release_frees_the_lock_at_once_for_the_next_converge_of_this_process(lock_files: Path) -> None:
+    """repin/rollback (and tests) converge a rig twice in one process, over a connection pyinfra
+    keeps open: the end of the first converge must let the lock go before the second asks."""
+    host, transport = connected_rig("rig-01")
+    assert riglock.take(host).taken
+    holder = transport.channels[0]
+    riglock.release(host)
+    assert holder.proc is not None and holder.proc.poll() == 0, "the rig side has exited: the lock is free"
+    assert riglock.take(host).taken, "the next converge over the same connection takes it anew"
+    assert len(transport.channels) == 2
+    other, _ = connected_rig("rig-01")
+    assert not riglock.take(other).taken, "and holds it again against another deploy"
+    riglock.release(other)  # not held there: nothing happens
 
 
 def test_sudo_wraps_the_rig_side_when_the_rig_uses_it(lock_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
