@@ -160,12 +160,14 @@ def main() -> int:
     if changed:
         code = code or 1  # a converged rig must not change on a second run
 
-    from rigfleet.context import for_rig
+    from rigfleet import release
+    from rigfleet.loader import load_fleet
 
     rig = info.rigs[0]
-    context = for_rig(rig.name)
-    say(f"chat completion from {rig.name} ({context.variant.name}, SIMULATED engine)")
-    answer = chat(rig.address, context.release.port)
+    # the release alone (not the guarded load): its warnings were shown by `rigfleet plan` above
+    resolved = release.resolve(load_fleet(Path(info.inventory_dir)), rig.name)
+    say(f"chat completion from {rig.name} ({resolved.variant.name}, SIMULATED engine)")
+    answer = chat(rig.address, resolved.port)
     print(answer if answer is not None else "(no serving layer answered yet on this rig)")
     print("\nThe rig stays up: `rigfleet sandbox ssh rig-01`, `rigfleet sandbox down` when done.")
     return code
