@@ -14,10 +14,12 @@ inventory is emptied for every module so faults set by one module do not leak in
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,3 +164,14 @@ def move_driver_behind_rigfleets_back(sandbox: Sandbox, rig: str, version: str) 
     versioned = {p.name for p in aptrepo_packages() if p.repo == "cuda" and "pinning" not in p.name}
     sandbox.ssh(rig, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
                 + " ".join(f"{p}={version}-1" for p in sorted(installed & versioned)), timeout=300)
+
+
+def chat_completion(address: str, port: int, api_key: str | None = None, max_tokens: int = 30) -> str:
+    """One chat completion from a rig's API, straight from this machine (no proxy)."""
+    body = json.dumps({"model": "qwen3.6-27b-autoround", "temperature": 0, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body, headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=60) as response:
+        return str(json.load(response)["choices"][0]["message"]["content"])

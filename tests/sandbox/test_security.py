@@ -23,7 +23,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from rigfleet import render
 from rigfleet.loader import load_fleet
 from tests import REPO_ROOT
 
-from .conftest import Sandbox, group_pinset, module_inventory
+from .conftest import Sandbox, chat_completion, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -162,14 +161,7 @@ def answers(sandbox: Sandbox, release_id: str) -> str:
     port = json.loads(rig(sandbox, f"cat /opt/rigfleet/releases/{release_id}/release.json"))["port"]
     address = sandbox.address(RIG)
     assert address.startswith("10.231.")
-    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 20, "temperature": 0,
-                       "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
-    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {API_KEY}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=60) as response:
-        return str(json.load(response)["choices"][0]["message"]["content"])
+    return chat_completion(address, port, API_KEY, max_tokens=20)
 
 
 def test_disk_full_during_the_image_build_keeps_the_running_release(sandbox: Sandbox, inventory: Path,

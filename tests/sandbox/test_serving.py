@@ -30,7 +30,7 @@ import yaml
 from rigfleet_sandbox.invfiles import fault_vars
 from tests import REPO_ROOT
 
-from .conftest import Sandbox, group_pinset, module_inventory
+from .conftest import Sandbox, chat_completion, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -96,13 +96,7 @@ def chat(sandbox: Sandbox, port: int, api_key: str | None = None) -> str:
     """A chat completion from the rig's port, from this machine (10.231.N.2 only)."""
     address = sandbox.address(RIG)
     assert re.fullmatch(r"10\.231\.\d+\.2", address)
-    body = json.dumps({"model": "qwen3.6-27b-autoround", "temperature": 0, "max_tokens": 30,
-                       "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
-    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
-    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body, headers=headers)
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=60) as response:
-        return str(json.load(response)["choices"][0]["message"]["content"])
+    return chat_completion(address, port, api_key)
 
 
 def port_of(sandbox: Sandbox, release_id: str) -> int:

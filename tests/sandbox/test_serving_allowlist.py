@@ -12,12 +12,10 @@ Run under the shared sandbox lock: flock /tmp/rigfleet-e2e.lock pytest tests/san
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import socket
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from rigfleet.loader import load_fleet
 from rigfleet.release import resolve
 from rigfleet_sandbox.layout import HOST_VETH_PREFIX
 
-from .conftest import Sandbox, group_pinset, module_inventory
+from .conftest import Sandbox, chat_completion, group_pinset, module_inventory
 
 RIG = "rig-01"
 SANDBOX_RIGS = 1
@@ -92,14 +90,7 @@ def connects(address: str, port: int, source: str) -> bool:
 
 
 def chat(address: str, port: int) -> str:
-    body = json.dumps({"model": "qwen3.6-27b-autoround", "max_tokens": 20, "temperature": 0,
-                       "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
-    request = urllib.request.Request(f"http://{address}:{port}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {API_KEY}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=60) as response:
-        return str(json.load(response)["choices"][0]["message"]["content"])
+    return chat_completion(address, port, API_KEY, max_tokens=20)
 
 
 @pytest.fixture(scope="module")
