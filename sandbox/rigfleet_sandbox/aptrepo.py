@@ -38,13 +38,15 @@ from typing import Any
 
 import yaml
 
+from rigfleet_sandbox import layout
+
 DRIVER_BRANCH = "580"
 DRIVER_VERSIONS = ("580.95.05", "580.105.08")  # upstream versions; packages get a "-1" revision
 TOOLKIT_VERSION = "1.18.0"
 CUDA_VERSION = "13.0"  # what a 580 driver reports
 REVISION = "1"
-HOST_URL = "http://10.231.0.1:8080/"
-DEFAULT_KEY_DIR = Path("/var/cache/rigfleet/sim-apt-key")
+HOST_URL = layout.HOST_URL
+DEFAULT_KEY_DIR = layout.CACHE_DIR / "sim-apt-key"
 ASSETS = Path(__file__).resolve().parent / "assets" / "nvidia"
 MAINTAINER = "rigfleet sandbox (SIMULATED packages) <sandbox@rigfleet.invalid>"
 # Fixed file times make rebuilt .debs byte-identical, so rigs never see a changed package

@@ -46,10 +46,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rigfleet_sandbox import layout
+
 log = logging.getLogger(__name__)
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-HOST_URL = "http://10.231.0.1:8080/"
+HOST_URL = layout.HOST_URL
 BUILDER_VERSION = "1"  # bump when a layer or archive layout changes: invalidates caches
 SOURCE_DATE_EPOCH = 1777939200  # 2026-05-05T00:00:00Z, the Genesis v7.72.2 release day
 CREATED = "2026-05-05T00:00:00Z"

@@ -1,7 +1,9 @@
 """Where the sandbox keeps things, and the names and addresses of its simulated rigs.
 
-One sandbox per machine: the state dir, the 10.231.0.0/16 range and the `rf-` interface
-names are fixed so that `up` can find and clear whatever a killed earlier run left.
+A machine holds up to MAX_INSTANCES sandboxes side by side, chosen by RIGFLEET_SANDBOX_INSTANCE
+(default 0). Each instance's state dir, address range (10.231.0.0/16 for instance 0, 10.232 for
+1, ...) and interface, netns and machine names are fixed per instance, so that its `up` can find
+and clear whatever a killed earlier run of the same instance left, and never touches another's.
 """
 
 from __future__ import annotations
@@ -10,7 +12,22 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-STATE_DIR = Path(os.environ.get("RIGFLEET_SANDBOX_STATE", "/var/lib/rigfleet-sandbox"))
+MAX_INSTANCES = 4
+
+
+def _instance() -> int:
+    raw = os.environ.get("RIGFLEET_SANDBOX_INSTANCE", "0") or "0"
+    if not raw.isdigit() or int(raw) >= MAX_INSTANCES:
+        raise SystemExit(f"RIGFLEET_SANDBOX_INSTANCE={raw!r}: expected 0..{MAX_INSTANCES - 1}")
+    return int(raw)
+
+
+INSTANCE = _instance()
+_SUFFIX = f"-{INSTANCE}" if INSTANCE else ""
+_TAG = str(INSTANCE) if INSTANCE else ""
+NET = f"10.{231 + INSTANCE}"  # the instance's /16
+
+STATE_DIR = Path(os.environ.get("RIGFLEET_SANDBOX_STATE", f"/var/lib/rigfleet-sandbox{_SUFFIX}"))
 # The cache lives outside the checkout and survives `down` (debootstrap takes about a minute).
 CACHE_DIR = Path(os.environ.get("RIGFLEET_SANDBOX_CACHE", "/var/cache/rigfleet"))
 
@@ -20,16 +37,17 @@ LOG_DIR = STATE_DIR / "logs"
 SSH_DIR = STATE_DIR / "ssh"
 STATE_FILE = STATE_DIR / "sandbox.json"
 SERVICES_PIDFILE = STATE_DIR / "services.pid"
-LOCK_FILE = Path("/run/lock/rigfleet-sandbox.lock")
+LOCK_FILE = Path(f"/run/lock/rigfleet-sandbox{_SUFFIX}.lock")
 APT_CACHE_DIR = CACHE_DIR / "apt-proxy"
-LAST_LOGS_DIR = CACHE_DIR / "logs" / "last-sandbox"
+LAST_LOGS_DIR = CACHE_DIR / "logs" / f"last-sandbox{_SUFFIX}"
 
 # Shared host-side service address: every rig reaches it through its default route.
-SERVICE_ADDR = "10.231.0.1"
-SERVICE_IF = "rf-svc0"
-SERVICE_LABEL = "lo:rfsvc"  # when it has to live on lo (no dummy driver)
+SERVICE_ADDR = f"{NET}.0.1"
+SERVICE_IF = f"rf{_TAG}-svc0"
+SERVICE_LABEL = f"lo:rfsvc{_TAG}"  # when it has to live on lo (no dummy driver)
 APT_PROXY_PORT = 3142
 WWW_PORT = 8080
+HOST_URL = f"http://{SERVICE_ADDR}:{WWW_PORT}/"  # the host's web server, as rigs reach it
 REGISTRY_PORT = 5000
 REGISTRY_DIR = STATE_DIR / "registry"
 
@@ -37,8 +55,9 @@ OPERATOR = "rigop"
 DISTROS = ("trixie", "bookworm")
 MAX_RIGS = 250
 
-NETNS_PREFIX = "rf-"
-HOST_VETH_PREFIX = "rfv-"
+NETNS_PREFIX = f"rf{_TAG}-"
+HOST_VETH_PREFIX = f"rfv{_TAG}-"
+MACHINE_PREFIX = f"rf{_TAG}-" if INSTANCE else ""  # systemd-machined names are machine-wide
 
 
 @dataclass(frozen=True)
@@ -60,12 +79,16 @@ class RigSpec:
         return f"{HOST_VETH_PREFIX}{self.name}"
 
     @property
+    def machine(self) -> str:
+        return f"{MACHINE_PREFIX}{self.name}"
+
+    @property
     def host_addr(self) -> str:
-        return f"10.231.{self.index}.1"
+        return f"{NET}.{self.index}.1"
 
     @property
     def address(self) -> str:
-        return f"10.231.{self.index}.2"
+        return f"{NET}.{self.index}.2"
 
     @property
     def dir(self) -> Path:

@@ -28,9 +28,12 @@ from rigfleet_sandbox.layout import (
     APT_CACHE_DIR,
     APT_PROXY_PORT,
     CACHE_DIR,
+    INSTANCE,
     LAST_LOGS_DIR,
     LOCK_FILE,
     LOG_DIR,
+    MACHINE_PREFIX,
+    NETNS_PREFIX,
     REGISTRY_DIR,
     REGISTRY_PORT,
     RIGS_DIR,
@@ -159,8 +162,9 @@ def _wait_port(addr: str, port: int, timeout: float, banner: bytes = b"") -> flo
 def _our_mounts() -> list[str]:
     prefixes = (
         str(STATE_DIR) + "/",
-        str(CACHE_DIR / "build-"),
-        f"{net.NETNS_DIR}/rf-",
+        # rootfs builds are shared by every instance (under their own lock): instance 0 clears them
+        *([str(CACHE_DIR / "build-")] if INSTANCE == 0 else []),
+        f"{net.NETNS_DIR}/{NETNS_PREFIX}",
         *(str(d) + "/" for d in NSPAWN_RUN_DIRS),
     )
     mounts = []
@@ -174,7 +178,7 @@ def _our_mounts() -> list[str]:
 def leftovers() -> dict[str, list[str]]:
     """Everything of the sandbox still on the host; all lists empty after a clean `down`."""
     netns, links = net.list_ours()
-    run_dirs = [str(p) for d in NSPAWN_RUN_DIRS if d.is_dir() for p in d.glob("rig-*")]
+    run_dirs = [str(p) for d in NSPAWN_RUN_DIRS if d.is_dir() for p in d.glob(f"{MACHINE_PREFIX}rig-*")]
     return {
         "processes": [f"{p.pid} {p.what}: {p.cmd}" for p in procs.sandbox_processes()],
         "mounts": _our_mounts(),
@@ -204,7 +208,7 @@ def clear(log: Log = _echo) -> None:
         run(["umount", "-l", point], check=False)
     net.teardown(log)
     for d in NSPAWN_RUN_DIRS:
-        for p in d.glob("rig-*") if d.is_dir() else []:
+        for p in d.glob(f"{MACHINE_PREFIX}rig-*") if d.is_dir() else []:
             rootfs.remove_tree(p)
     if LOG_DIR.is_dir():
         # Keep the last run's logs for debugging; the state dir itself goes.

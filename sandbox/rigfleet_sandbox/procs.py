@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigfleet_sandbox.layout import RIGS_DIR
+from rigfleet_sandbox.layout import INSTANCE, RIGS_DIR
 
 SANDBOX_MODULES = ("rigfleet_sandbox.supervisor", "rigfleet_sandbox.services", "rigfleet_sandbox.registry")
 
@@ -72,10 +72,23 @@ def _mount_root(pid: int) -> tuple[str, str] | None:
     return None
 
 
+def _instance_of(pid: int) -> int:
+    """The sandbox instance a host-side sandbox process was started for (its environment says)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return -1
+    for item in env:
+        if item.startswith(b"RIGFLEET_SANDBOX_INSTANCE="):
+            value = item.split(b"=", 1)[1]
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
 def _classify(pid: int, argv: list[str], rigs_fs: tuple[str, str] | None) -> str | None:
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m" and argv[i + 1] in SANDBOX_MODULES:
-            return argv[i + 1].rsplit(".", 1)[1]
+            return argv[i + 1].rsplit(".", 1)[1] if _instance_of(pid) == INSTANCE else None
     if argv and argv[0].endswith("systemd-nspawn"):
         for i, arg in enumerate(argv[:-1]):
             if arg == "-D" and argv[i + 1].startswith(str(RIGS_DIR) + "/"):

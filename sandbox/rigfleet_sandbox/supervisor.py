@@ -35,7 +35,7 @@ def nspawn_command(rig: RigSpec) -> list[str]:
         "--register=no",
         "--keep-unit",
         "--console=pipe",
-        f"--machine={rig.name}",
+        f"--machine={rig.machine}",
         f"--network-namespace-path=/run/netns/{rig.netns}",
         # All capabilities and a private netns let dockerd inside create its bridge and chains.
         "--capability=all",

@@ -30,6 +30,7 @@ import yaml
 
 from rigfleet import render
 from rigfleet.loader import load_fleet
+from rigfleet_sandbox import layout
 from tests import REPO_ROOT
 
 from .conftest import Sandbox, chat_completion, group_pinset, module_inventory
@@ -160,7 +161,7 @@ def serving(sandbox: Sandbox) -> tuple[str, str]:
 def answers(sandbox: Sandbox, release_id: str) -> str:
     port = json.loads(rig(sandbox, f"cat /opt/rigfleet/releases/{release_id}/release.json"))["port"]
     address = sandbox.address(RIG)
-    assert address.startswith("10.231.")
+    assert address.startswith(f"{layout.NET}.")
     return chat_completion(address, port, API_KEY, max_tokens=20)
 
 

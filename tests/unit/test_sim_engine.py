@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rigfleet_sandbox import engine
+from rigfleet_sandbox import engine, layout
 
 PIN_A = "0.20.2rc1.dev9+g01d4d1ad3"
 PIN_UNLISTED = "0.20.2rc2.dev672+g1acd67a79"
@@ -1026,7 +1026,7 @@ def test_build_engine_artifacts_returns_valid_pinsets(tmp_path: Path) -> None:
     wheel = _fake_wheel(tmp_path / "pip-0.0-py3-none-any.whl")
     www = tmp_path / "www"
     result = engine.build_engine_artifacts(www, root, cache_dir=tmp_path / "cache", wheels=[wheel])
-    assert result["group_vars"] == {"weights_source": {"url": "http://10.231.0.1:8080/weights/"}}
+    assert result["group_vars"] == {"weights_source": {"url": layout.HOST_URL + "weights/"}}
     pinsets = result["pinsets"]
     assert set(pinsets) == {"sandbox-a", "sandbox-b", "sandbox-c"}
     a = pinsets["sandbox-a"]
@@ -1035,7 +1035,7 @@ def test_build_engine_artifacts_returns_valid_pinsets(tmp_path: Path) -> None:
         and a["base_image"]["tag"] == "nightly-01d4d1ad375dc5854779c593eee093bcebb0cada"
     )
     assert a["description"].startswith("SIMULATED") and a["python_deps"] == {}
-    assert a["genesis"]["source"] == "http://10.231.0.1:8080/genesis.git"
+    assert a["genesis"]["source"] == layout.HOST_URL + "genesis.git"
     for name, pinset in pinsets.items():
         archive = www / "images" / pinset["base_image"]["archive"].rsplit("/", 1)[1]
         assert archive.is_file(), name

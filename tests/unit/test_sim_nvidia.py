@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rigfleet_sandbox import aptrepo, debindex
+from rigfleet_sandbox import aptrepo, debindex, layout
 
 OLD, NEW = aptrepo.DRIVER_VERSIONS
 IS_ROOT = os.geteuid() == 0
@@ -350,7 +350,7 @@ def test_build_returns_the_group_vars_contract(built_repo: tuple[Path, dict]) ->
     assert set(result["group_vars"]) == {"cuda_repo", "toolkit_repo"}
     for name, repo in result["group_vars"].items():
         sub = "cuda" if name == "cuda_repo" else "toolkit"
-        assert repo["url"] == f"http://10.231.0.1:8080/nvidia/{sub}/"
+        assert repo["url"] == f"{layout.HOST_URL}nvidia/{sub}/"
         assert repo["key_url"] == repo["url"] + "key.asc"
         assert re.fullmatch(r"[0-9A-F]{40}", repo["key_fingerprint"])
     fprs = {r["key_fingerprint"] for r in result["group_vars"].values()}
