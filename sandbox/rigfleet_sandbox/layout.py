@@ -118,4 +118,4 @@ def repo_root() -> Path:
 
 def inventory_dir() -> Path:
     env = os.environ.get("RIGFLEET_INVENTORY")
-    return Path(env) if env else repo_root() / "inventory" / "sandbox"
+    return Path(env) if env else repo_root() / "inventory" / f"sandbox{_SUFFIX}"
