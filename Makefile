@@ -17,14 +17,15 @@ lint: venv
 	$(BIN)/ruff check rigfleet sandbox tests bench deploy.py inventory.py
 	$(BIN)/mypy
 
-# Every tier: unit, plan, upstream and the sandbox end-to-end tier (the last needs root). The
+# Every tier: unit, plan, upstream and the sandbox end-to-end tier (the last needs root), whose
+# modules two xdist workers share, each with its own sandbox instance (tests/conftest.py). The
 # sandbox tier mostly waits on boots, apt and Docker, so the other tiers run alongside it, each
 # with its own pytest temp dir; their log is printed after the sandbox tier's.
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=15
 test: lint
 	@side=$$(mktemp -d); \
 	$(PYTEST) --basetemp=$$side/tmp -m "not sandbox" tests > $$side/log 2>&1 & pid=$$!; \
-	$(PYTEST) -m sandbox tests; sandbox=$$?; \
+	$(PYTEST) -m sandbox -n 2 --dist loadfile tests; sandbox=$$?; \
 	wait $$pid; others=$$?; \
 	echo "== unit, plan and upstream tiers (ran alongside the sandbox tier): exit $$others"; \
 	cat $$side/log; rm -rf $$side; \

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
+
+# `make test` runs the sandbox tier on two xdist workers, gw0 and gw1: each boots its own sandbox
+# instance (rigfleet_sandbox.layout reads this at import). A value set by the caller wins.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    os.environ.setdefault("RIGFLEET_SANDBOX_INSTANCE", _WORKER[2:])
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SANDBOX_TIER = Path(__file__).parent / "sandbox"

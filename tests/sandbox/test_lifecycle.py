@@ -35,7 +35,6 @@ from rigfleet_sandbox.supervisor import read_boots
 
 from .conftest import Sandbox, SandboxSession
 
-BOOT_TARGET_S = 30.0
 RIG = "rig-01"
 
 
@@ -97,11 +96,13 @@ def test_generated_inventory(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.sandbox
-def test_boot_to_sshd_under_30s(sandbox: Sandbox) -> None:
+def test_boot_to_sshd_is_measured(sandbox: Sandbox) -> None:
     for rig in sandbox.info.rigs:
         assert rig.boot_seconds is not None
         print(f"{rig.name}: sshd answered {rig.boot_seconds:.1f}s after systemd-nspawn started")
-        assert rig.boot_seconds < BOOT_TARGET_S
+        # How fast is the bench's business (no timing assertions in tests); a boot that never
+        # reaches sshd fails `up` itself after its BOOT_TIMEOUT_S.
+        assert rig.boot_seconds > 0
 
 
 @pytest.mark.sandbox
