@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import cli_watch, live, liveness, pindiff, rollout, runner, status, tables
+from rigfleet import cli_watch, liveness, pindiff, rollout, runner, status, tables
 from rigfleet.cli_common import load_checked, user_errors, warn
 
 out = Console(highlight=False, soft_wrap=True)
@@ -96,10 +96,10 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
         cli_watch.run(interval, count)
         return
     fleet, _ = load_checked()
-    rows = status.collect(fleet)
     if as_json:
-        click.echo(json.dumps(live.merge(rows, live.collect(fleet)), indent=2))
+        click.echo(json.dumps(status.collect_with_live(fleet), indent=2))
         return
+    rows = status.collect(fleet)
     for table in status_tables(f"rigfleet status: {fleet.inventory_dir}", rows, out.width):
         out.print(table)
     for row in rows:

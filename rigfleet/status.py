@@ -11,7 +11,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, exposure, ledger, rigpython, runner
+from rigfleet import catalog, exposure, ledger, live, rigpython, runner
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
@@ -52,6 +52,36 @@ class RigProbe(FactBase):
 
     def command(self) -> str:
         return rigpython.command(PROBE)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return dict(json.loads("\n".join(output)))
+
+
+# `status --json` wants both programs' fields: they run in one remote command (one SSH session
+# per rig), each with its stdout captured and kept under its name; one that raises is None.
+BOTH = r'''
+import contextlib, io, json
+def run(source):
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(source, "<rigfleet>", "exec"), {"__name__": "__main__"})
+        return json.loads(buf.getvalue())
+    except BaseException:
+        return None
+print(json.dumps({"status": run(@STATUS@), "live": run(@LIVE@)}))
+'''
+
+
+def both_source(status_source: str = PROBE, live_source: str = live.SNIPPET) -> str:
+    return BOTH.replace("@STATUS@", repr(status_source)).replace("@LIVE@", repr(live_source))
+
+
+class StatusAndLiveProbe(FactBase):
+    """RigProbe's and live.LiveProbe's outputs from one command: {"status": ..., "live": ...}."""
+
+    def command(self) -> str:
+        return rigpython.command(both_source())
 
     def process(self, output: list[str]) -> dict[str, Any]:
         return dict(json.loads("\n".join(output)))
@@ -122,13 +152,26 @@ def drift(release: Release, probe: dict[str, Any]) -> list[str]:
 
 
 def collect(fleet: Fleet) -> list[dict[str, Any]]:
-    names = [rig.name for rig in fleet.rigs]
-    probes, outcomes = runner.read_facts(fleet, names, RigProbe)
+    probes, outcomes = runner.read_facts(fleet, [rig.name for rig in fleet.rigs], RigProbe)
+    return rows_of(fleet, probes, {name: outcome.reachable for name, outcome in outcomes.items()})
+
+
+def collect_with_live(fleet: Fleet) -> list[dict[str, Any]]:
+    """`status --json`: the status rows with the live view's fields, one remote command per rig."""
+    probes, outcomes = runner.read_facts(fleet, [rig.name for rig in fleet.rigs], StatusAndLiveProbe)
+    reachable = {name: outcome.reachable for name, outcome in outcomes.items()}
+    status_probes = {name: p["status"] for name, p in probes.items() if p and p.get("status") is not None}
+    live_rows = [live.row(rig.name, (probes.get(rig.name) or {}).get("live") if reachable[rig.name] else None,
+                          clamped_power_limit(rig)) for rig in fleet.rigs]
+    return live.merge(rows_of(fleet, status_probes, reachable), live_rows)
+
+
+def rows_of(fleet: Fleet, probes: dict[str, Any], reachable_rigs: dict[str, bool]) -> list[dict[str, Any]]:
     rows = []
     for rig in fleet.rigs:
         release = resolve(fleet, rig)
         probe = probes.get(rig.name)
-        reachable = outcomes[rig.name].reachable and probe is not None
+        reachable = reachable_rigs[rig.name] and probe is not None
         current = _current(probe.get("ledger")) if probe else None
         running = probe is not None and any(" running " in f" {line} " for line in probe.get("containers", []))
         gpus = _gpus(probe.get("nvidia_smi", "")) if probe else None

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from rigfleet import live, status, watch
+from rigfleet import live, runner, status, watch
 from rigfleet.cli import main
 from tests.unit.test_verify_command import RELEASE, local_exec, mapped, rigs, site  # noqa: F401 (fixtures)
 
@@ -149,16 +149,45 @@ def test_bad_watch_options_exit_2_before_contacting(example_inventory: Path, mon
     assert all(needle in line for needle in needles), line
 
 
-def test_status_json_carries_the_live_fields(example_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(status, "collect", lambda fleet: [{"rig": "rig-lab-01", "reachable": True, "healthy": True,
-                                                           "drift": []}])
-    monkeypatch.setattr(live, "collect", lambda fleet, names=None: fake_rows())
+def run_locally(root: Path, source: str) -> list[str]:
+    encoded = base64.b64encode(mapped(source, root).encode()).decode()
+    code, out = local_exec(root)(f"echo {encoded} | base64 -d | python3 -", "", lambda _: None, 60)
+    assert code == 0, out
+    return out.splitlines()
+
+
+def test_status_json_is_one_remote_command_per_rig_with_both_probes_fields(
+        rigs: Any, example_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    root = rigs("rig-01")
+    assert status.StatusAndLiveProbe().command().endswith("| base64 -d | python3 -")
+    both = status.StatusAndLiveProbe().process(run_locally(root, status.both_source()))
+    alone = status.RigProbe().process(run_locally(root, status.PROBE))
+    assert both["status"] == alone  # the status program's output, unchanged by running beside the other
+    calls: list[type] = []
+
+    def read_facts(fleet: Any, names: list[str], fact: type, **_: Any) -> Any:
+        calls.append(fact)
+        return {"rig-01": both}, {name: runner.RigOutcome(name, reachable=name == "rig-01") for name in names}
+
+    monkeypatch.setattr(runner, "read_facts", read_facts)
     result = CliRunner().invoke(main, ["status", "--json"], env={"RIGFLEET_INVENTORY": str(example_inventory)})
     assert result.exit_code == 0, result.output
-    [row] = json.loads(result.stdout)
-    assert set(live.LIVE_FIELDS) <= set(row) and row["healthy"] is True and row["drift"] == []
-    assert row["kv_cache_pct"] == 97.2 and row["gpus"][1]["temp_c"] == 88.0
-    assert row["last_verify"] == {"result": "failed", "level": "soak"}
+    assert calls == [status.StatusAndLiveProbe]  # one fact, so one command per rig
+    rows = {row["rig"]: row for row in json.loads(result.stdout)}
+    mine = rows["rig-01"]
+    assert set(live.LIVE_FIELDS) <= set(mine) and {"os", "driver", "drift", "release_id", "api_reach"} <= set(mine)
+    assert mine["reachable"] is True and mine["release_id"] == RELEASE and mine["health"] == "healthy"
+    assert mine["os"] and isinstance(mine["drift"], list) and [g["index"] for g in mine["gpus"]] == [0, 1]
+    assert mine["kv_cache_pct"] is not None
+    gone = rows["rig-02"]
+    assert gone["reachable"] is False and gone["health"] == "unreachable" and gone["drift"] == ["unreachable"]
+    assert set(gone) == set(mine)
+
+
+def test_one_program_that_fails_leaves_the_other_s_output(rigs: Any) -> None:  # noqa: F811
+    root = rigs("rig-01")
+    out = status.StatusAndLiveProbe().process(run_locally(root, status.both_source("raise SystemExit(3)")))
+    assert out["status"] is None and out["live"]["ledger"]["current"]["release_id"] == RELEASE
 
 
 def test_an_unreachable_rig_is_an_offline_row_not_a_torn_frame(example_inventory: Path) -> None:
