@@ -15,6 +15,7 @@ from rigfleet.cli_common import USER_ERROR, err, load_checked, user_errors, warn
 from rigfleet.cli_fleet import repin, status_command
 from rigfleet.cli_hostkeys import hostkeys_command
 from rigfleet.cli_pins import pins
+from rigfleet.cli_report import report_command
 from rigfleet.cli_verify import verify_command
 from rigfleet.errors import Problem
 from rigfleet.loader import Fleet
@@ -145,7 +146,7 @@ def print_changes(from_spec: str, changes: dict[str, list[str]]) -> None:
 def _register() -> None:
     """The commands of the modules above, then those other installed distributions add through
     the `rigfleet.commands` entry-point group (a click command each)."""
-    for command in (repin, status_command, hostkeys_command, pins, rollback, verify_command):
+    for command in (repin, status_command, hostkeys_command, pins, rollback, verify_command, report_command):
         main.add_command(command)
     for entry in entry_points(group="rigfleet.commands"):
         main.add_command(entry.load(), entry.name)

@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rigfleet"
 # Lowest first. A module may import from its own layer or one below it, never from above.
 LAYERS: list[tuple[str, set[str]]] = [
     ("foundation", {"errors", "escape", "tables", "paths", "grammar", "rigstate", "rigpython", "ledger", "liveness",
-                    "riglock",
+                    "riglock", "redact",
                     "gate", "gate.checks", "gate.probe"}),
     ("schema", {"schema"}),
     ("catalog/loader", {"catalog", "loader", "planner", "exposure"}),
@@ -29,9 +29,10 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("roles", {"roles", "roles.api_firewall", "roles.apt_base", "roles.container_toolkit", "roles.docker_engine",
                "roles.gpu_tuning", "roles.model_weights", "roles.nvidia_driver", "roles.preflight",
                "roles.serving", "roles.vllm_image"}),
-    ("runner/rollout", {"runner", "rollout", "status", "deploy", "inventory", "verify", "live", "watch"}),
-    ("cli_*", {"cli_common", "cli_fleet", "cli_hostkeys", "cli_pins", "cli_verify", "cli_watch", "rollback",
-               "operator_repo"}),
+    ("runner/rollout", {"runner", "rollout", "status", "deploy", "inventory", "verify", "live", "watch",
+                        "report"}),
+    ("cli_*", {"cli_common", "cli_fleet", "cli_hostkeys", "cli_pins", "cli_verify", "cli_watch", "cli_report",
+               "rollback", "operator_repo"}),
     ("cli", {"cli", "skeleton.deploy", "skeleton.inventory"}),
 ]
 LAYER_OF = {module: index for index, (_, modules) in enumerate(LAYERS) for module in modules}
