@@ -1,6 +1,6 @@
 """`make bench`: rigfleet's costs on SIMULATED sandbox rigs, min/median/max over repeated runs.
 
-    python -m bench [--repeats 3] [--json out/bench.json] [--skip fresh,repin]
+    python -m bench [--repeats 3] [--json out/bench.json] [--skip fresh,repin] [--only noop,peer]
 
 Measures (issue "Benchmarks"): fresh converge of one rig (split into waiting on downloads and
 rigfleet's own time), no-op converge of one rig (wall, remote commands, bytes sent), no-op
@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,8 @@ class Wire:
 
     commands: int = 0
     bytes_sent: int = 0
+    current: str = "planning (facts read by deploy code)"
+    by_role: dict[str, int] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -61,6 +64,7 @@ def counting() -> Iterator[Wire]:
 
     def counted_exec(self: Any, command: str, *args: Any, **kwargs: Any) -> Any:
         wire.commands += 1
+        wire.by_role[wire.current] = wire.by_role.get(wire.current, 0) + 1
         wire.bytes_sent += len(command.encode())
         return exec_command(self, command, *args, **kwargs)
 
@@ -94,6 +98,17 @@ class OpTimer(BaseStateCallback):
         self.seconds[names] = self.seconds.get(names, 0.0) + time.monotonic() - self.started.pop(op_hash)
 
 
+class RoleOfCommand(BaseStateCallback):
+    """Names the role of the operation running, so the remote commands are counted per role."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+
+    def operation_start(self, state: Any, op_hash: str) -> None:  # type: ignore[override]
+        names = sorted(state.op_meta[op_hash].names)
+        self.wire.current = names[0].split(" | ")[0] if names else "?"
+
+
 @dataclass
 class Metric:
     name: str
@@ -115,11 +130,28 @@ def sandbox_up(rigs: int) -> Fleet:
     return load_fleet(Path(info.inventory_dir))
 
 
-def converge_timed(fleet: Fleet, names: list[str], timer: OpTimer | None = None) -> tuple[float, dict]:
+def own_cpu() -> float:
+    """CPU seconds of this process (rigfleet's converge runs in it, SSH included: paramiko)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu() -> float:
+    """CPU seconds of finished child processes (the peer: ansible-playbook, its forks and ssh)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+LAST_CPU: list[float] = [0.0]
+COMMANDS_BY_ROLE: dict[str, int] = {}  # of the last 1-rig no-op  # control-host CPU of the last converge_timed
+
+
+def converge_timed(fleet: Fleet, names: list[str], timer: BaseStateCallback | None = None) -> tuple[float, dict]:
     callbacks = [timer] if timer else []
-    started = time.monotonic()
+    started, cpu = time.monotonic(), own_cpu()
     outcomes = runner.converge(fleet, names, callbacks=callbacks)
     elapsed = time.monotonic() - started
+    LAST_CPU[0] = own_cpu() - cpu
     failed = {n: o.summary for n, o in outcomes.items() if not o.ok}
     if failed:
         raise SystemExit(f"bench: converge failed on {failed}")
@@ -171,8 +203,44 @@ def builds(fleet: Fleet, names: list[str]) -> int:
                for n in names)
 
 
+SECTIONS = ("fresh", "noop", "peer", "swap", "repin", "scale")
+
+
+def used_memory_mib() -> float:
+    """Host memory in use (MemTotal - MemAvailable), MiB: per-rig memory is its growth / rigs."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 1024
+
+
+def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None]) -> None:
+    """No-op converge of 1, 4, 8 and 16 rigs (--scale), rigfleet's own CPU per rig beside the wall:
+    the rigs' sshd, dockerd and engines run on the same cores as the control process."""
+    counts = sorted(int(c) for c in args.scale.split(","))
+    before = used_memory_mib()
+    say(f"scale: booting {counts[-1]} rigs and converging them")
+    fleet = sandbox_up(counts[-1])
+    names = [rig.name for rig in fleet.rigs]
+    wall, _ = converge_timed(fleet, names)
+    metric(f"scale: fresh converge of {counts[-1]} rigs", "s").values.append(wall)
+    metric("  memory per converged rig (host view)", "MiB").values.append((used_memory_mib() - before) / len(names))
+    for attempt in range(args.repeats):
+        say(f"scale: no-op converges ({attempt + 1}/{args.repeats})")
+        for count in counts:
+            wall, outcomes = converge_timed(fleet, names[:count])
+            changed = sum(o.changed for o in outcomes.values())
+            if changed:
+                raise SystemExit(f"bench: a no-op converge of {count} rigs changed {changed} operations")
+            metric(f"scale: no-op {count} rig(s): wall", "s").values.append(wall)
+            metric(f"  control-host CPU per rig ({count})", "s", "<= 0.3 s").values.append(LAST_CPU[0] / count)
+        first, last = (metric(f"scale: no-op {c} rig(s): wall", "s") for c in (counts[0], counts[-1]))
+        metric(f"scale: no-op {counts[-1]} rigs / {counts[0]} rig", "ratio", "<= 1.5").values.append(
+            last.values[-1] / first.values[-1])
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metric], list[dict[str, float]]]:
     repeats, skip = args.repeats, set(args.skip.split(",")) if args.skip else set()
+    if args.only:
+        skip |= set(SECTIONS) - set(args.only.split(","))
     metrics: dict[str, Metric] = {}
     slowest: list[dict[str, float]] = []  # the fresh converges' slowest operations: where the time goes
 
@@ -191,27 +259,66 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
             metric("  everything else (build, engine start, gate, rigfleet)", "s").values.append(wall - waiting)
             slowest.append(dict(sorted(timer.seconds.items(), key=lambda item: -item[1])[:12]))
 
-    say("booting 4 rigs and converging them")
-    fleet = sandbox_up(4)
+    if "scale" not in skip:
+        scale(args, metric, say)
+    if skip >= {"noop", "peer", "swap", "repin"}:
+        return list(metrics.values()), slowest
+    say(f"booting {args.rigs} rigs and converging them")
+    fleet = sandbox_up(args.rigs)
     all_rigs = [rig.name for rig in fleet.rigs]
     converge_timed(fleet, all_rigs)
+    if "peer" not in skip:
+        from bench import peer
+
+        say("the peer: ansible-core from its pin, inventory from the converged rigs")
+        peer.prepare(fleet, all_rigs)
+        # the first run may install python3-apt (Ansible's apt module needs it; rigfleet does not):
+        # the peer's own bootstrap, outside the measured runs; the second must change nothing
+        for attempt in ("first", "second"):
+            settled = peer.run(all_rigs)
+            Path(repo_root() / "out" / f"peer-{attempt}.log").write_text(settled.output)
+            say(f"the peer's {attempt} run on the converged rigs: {peer.summary(settled)}")
+            if settled.failed:
+                raise SystemExit(f"bench: the peer failed (out/peer-{attempt}.log)")
+        if settled.changed:
+            raise SystemExit("bench: the peer is no no-op on converged rigs (out/peer-second.log)")
+        drift = peer.drift_check(fleet, "rig-01", "/etc/apt/apt.conf.d/51rigfleet-unattended-blacklist")
+        if drift.changed < 1:
+            raise SystemExit(f"bench: the peer did not see a file edited by hand: {peer.summary(drift)}")
+        say(f"the peer sees a hand-edited file (--check --diff: changed={drift.changed})")
     for attempt in range(repeats):
+        if "noop" in skip and "peer" in skip:
+            break
         say(f"no-op converges ({attempt + 1}/{repeats})")
-        for count in (1, 2, 4):
+        for count in (c for c in (1, 2, 4) if c <= len(all_rigs)):
             with counting() as wire:
-                wall, outcomes = converge_timed(fleet, all_rigs[:count])
+                wall, outcomes = converge_timed(fleet, all_rigs[:count], RoleOfCommand(wire))
             changed = sum(o.changed for o in outcomes.values())
             if changed:
                 raise SystemExit(f"bench: a no-op converge changed {changed} operations")
-            metric(f"no-op converge, {count} rig(s): wall", "s", "< 10 s" if count == 1 else "").values.append(wall)
+            metric(f"no-op converge, {count} rig(s): wall", "s", "<= 1.5 s" if count == 1 else "").values.append(wall)
+            metric(f"  control-host CPU per rig, {count} rig(s)", "s", "<= 0.3 s").values.append(LAST_CPU[0] / count)
             if count == 1:
-                metric("  remote commands", "count", "< 60").values.append(wire.commands)
+                metric("  remote commands", "count", "<= 12").values.append(wire.commands)
                 metric("  bytes sent", "KiB").values.append(wire.bytes_sent / 1024)
+                COMMANDS_BY_ROLE.clear()
+                COMMANDS_BY_ROLE.update(wire.by_role)
+            if "peer" in skip or count == 2:
+                continue
+            cpu = children_cpu()
+            ran = peer.run(all_rigs[:count])
+            if ran.failed or ran.changed:
+                raise SystemExit(f"bench: the peer's no-op on {count} rig(s): {peer.summary(ran)}")
+            metric(f"Ansible peer no-op, {count} rig(s): wall", "s").values.append(ran.wall)
+            metric("  its control-host CPU per rig", "s").values.append((children_cpu() - cpu) / count)
+            metric(f"Ansible peer / rigfleet, {count} rig(s)", "ratio", ">= 5" if count == 1 else "").values.append(
+                ran.wall / wall)
         ones, fours = metric("no-op converge, 1 rig(s): wall", "s"), metric("no-op converge, 4 rig(s): wall", "s")
-        metric("no-op 4 rigs / 1 rig", "ratio", "< 1.5").values.append(fours.values[-1] / ones.values[-1])
+        if fours.values:
+            metric("no-op 4 rigs / 1 rig", "ratio", "< 1.5").values.append(fours.values[-1] / ones.values[-1])
 
     variants = ["tq3-nomtp", fleet.rig("rig-01").variant]
-    for attempt in range(repeats):
+    for attempt in range(repeats if "swap" not in skip else 0):
         variant = variants[attempt % 2]
         say(f"swap rig-01 to {variant} ({attempt + 1}/{repeats})")
         swapped = with_rigs(fleet, variant=variant)
@@ -221,7 +328,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
             metric("swap downtime", "s").values.append(downtime)
             metric("  engine's own ready time", "s").values.append(ready)
             metric("  rigfleet overhead", "s", "< 3 s").values.append(downtime - ready)
-    converge_timed(fleet, ["rig-01"])  # back to what the inventory says
+    if "swap" not in skip:
+        converge_timed(fleet, ["rig-01"])  # back to what the inventory says
 
     if "repin" not in skip:
         target = next((name for name in fleet.pinsets if name != fleet.rigs[0].pinset and name != "sandbox-c"), None)
@@ -244,14 +352,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=str(repo_root() / "out" / "bench.json"))
-    parser.add_argument("--skip", default="", help="comma list of: fresh, repin")
+    parser.add_argument("--skip", default="", help=f"comma list of: {', '.join(SECTIONS)}")
+    parser.add_argument("--rigs", type=int, default=4, help="rigs of the no-op, peer, swap and re-pin sections")
+    parser.add_argument("--scale", default="1,4,8,16", help="rig counts of the scale section")
+    parser.add_argument("--only", default="", help="run only these sections (comma list, as --skip)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench runs on sandbox rigs (systemd-nspawn): run it as root", file=sys.stderr)
         return 2
     console = Console()
     with open(LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if "RIGFLEET_SANDBOX_INSTANCE" not in os.environ:  # /work/coord/e2e holds the slot's lock
+            fcntl.flock(lock, fcntl.LOCK_EX)
         metrics, slowest = run(args, lambda text: console.print(f"[dim]bench:[/dim] {text}"))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.release()})"
@@ -261,6 +373,10 @@ def main() -> int:
     for m in metrics:
         table.add_row(*m.row())
     console.print(table)
+    if COMMANDS_BY_ROLE:
+        console.print("remote commands of the last 1-rig no-op converge, by role:")
+        for role, count in COMMANDS_BY_ROLE.items():
+            console.print(f"  {count:4d}  {role}")
     if slowest:
         console.print("slowest operations of the last fresh converge (s):")
         for name, seconds in slowest[-1].items():
@@ -268,7 +384,8 @@ def main() -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"date": stamp, "machine": machine, "repeats": args.repeats,
                                            "metrics": [m.__dict__ for m in metrics],
-                                           "fresh_slowest_operations": slowest}, indent=2))
+                                           "fresh_slowest_operations": slowest,
+                                           "noop_commands_by_role": COMMANDS_BY_ROLE}, indent=2))
     console.print(f"written: {args.json}")
     return 0
 
