@@ -274,12 +274,12 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
         peer.prepare(fleet, all_rigs)
         # the first run may install python3-apt (Ansible's apt module needs it; rigfleet does not):
         # the peer's own bootstrap, outside the measured runs; the second must change nothing
-        for attempt in ("first", "second"):
+        for which in ("first", "second"):
             settled = peer.run(all_rigs)
-            Path(repo_root() / "out" / f"peer-{attempt}.log").write_text(settled.output)
-            say(f"the peer's {attempt} run on the converged rigs: {peer.summary(settled)}")
+            Path(repo_root() / "out" / f"peer-{which}.log").write_text(settled.output)
+            say(f"the peer's {which} run on the converged rigs: {peer.summary(settled)}")
             if settled.failed:
-                raise SystemExit(f"bench: the peer failed (out/peer-{attempt}.log)")
+                raise SystemExit(f"bench: the peer failed (out/peer-{which}.log)")
         if settled.changed:
             raise SystemExit("bench: the peer is no no-op on converged rigs (out/peer-second.log)")
         drift = peer.drift_check(fleet, "rig-01", "/etc/apt/apt.conf.d/51rigfleet-unattended-blacklist")
