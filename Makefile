@@ -17,20 +17,26 @@ lint: venv
 	$(BIN)/ruff check rigfleet sandbox tests bench deploy.py inventory.py
 	$(BIN)/mypy
 
-# Every tier: unit, plan, upstream and the sandbox end-to-end tier (the last needs root), whose
-# modules two xdist workers share, each with its own sandbox instance (tests/conftest.py). The
-# sandbox tier mostly waits on boots, apt and Docker, so the other tiers run alongside it, each
-# with its own pytest temp dir; their log is printed after the sandbox tier's.
+# Every tier: unit, plan, upstream and the sandbox end-to-end tier (the last needs root). The
+# sandbox tier mostly waits on boots, apt and Docker: its modules run as two shards at once, each
+# on its own sandbox instance (RIGFLEET_TEST_SHARD, tests/conftest.py), and the other tiers run
+# alongside, each process with its own pytest temp dir; logs are printed one after the other.
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=15
 test: lint
 	@side=$$(mktemp -d); \
 	$(PYTEST) --basetemp=$$side/tmp -m "not sandbox" tests > $$side/log 2>&1 & pid=$$!; \
-	$(PYTEST) -m sandbox -n 2 --dist loadfile tests; sandbox=$$?; \
+	RIGFLEET_SANDBOX_INSTANCE=1 RIGFLEET_TEST_SHARD=1/2 $(PYTEST) --basetemp=$$side/s1 -m sandbox tests \
+	  > $$side/s1.log 2>&1 & s1=$$!; \
+	RIGFLEET_SANDBOX_INSTANCE=0 RIGFLEET_TEST_SHARD=0/2 $(PYTEST) --basetemp=$$side/s0 -m sandbox tests; \
+	shard0=$$?; \
+	wait $$s1; shard1=$$?; \
 	wait $$pid; others=$$?; \
+	echo "== sandbox tier, shard 1 of 2 (ran alongside shard 0, on sandbox instance 1): exit $$shard1"; \
+	cat $$side/s1.log; \
 	echo "== unit, plan and upstream tiers (ran alongside the sandbox tier): exit $$others"; \
 	cat $$side/log; rm -rf $$side; \
-	echo "== sandbox tier: exit $$sandbox"; \
-	test $$sandbox -eq 0 && test $$others -eq 0
+	echo "== sandbox tier: shard 0 exit $$shard0, shard 1 exit $$shard1"; \
+	test $$shard0 -eq 0 && test $$shard1 -eq 0 && test $$others -eq 0
 
 demo: venv
 	$(BIN)/python -m rigfleet_sandbox.demo

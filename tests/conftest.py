@@ -9,24 +9,53 @@ from pathlib import Path
 import pytest
 import yaml
 
-# `make test` runs the sandbox tier on two xdist workers, gw0 and gw1: each boots its own sandbox
-# instance (rigfleet_sandbox.layout reads this at import). A value set by the caller wins.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
-    os.environ.setdefault("RIGFLEET_SANDBOX_INSTANCE", _WORKER[2:])
-
 FIXTURES = Path(__file__).parent / "fixtures"
 SANDBOX_TIER = Path(__file__).parent / "sandbox"
 EXAMPLE = Path(__file__).resolve().parent.parent / "inventory" / "example"
 
 
+# Rough minutes of each sandbox module in CI, to balance RIGFLEET_TEST_SHARD; a module not listed
+# counts DEFAULT_MODULE_MINUTES. Only the balance depends on these, never a result.
+SANDBOX_MODULE_MINUTES = {
+    "test_fleet": 15, "test_fleet_faults": 9, "test_serving": 6, "test_serving_verify": 6,
+    "test_faults": 5, "test_serving_faults": 5, "test_host_layer": 5, "test_security": 4,
+    "test_image": 3, "test_serving_allowlist": 3, "test_lifecycle": 2, "test_status": 2,
+    "test_hostkeys": 1,
+}
+DEFAULT_MODULE_MINUTES = 5
+
+
+def sandbox_shard(modules: list[str], index: int, count: int) -> set[str]:
+    """The modules of shard `index` of `count`: greedy by cost, ties by name, so every process
+    that asks gets the same split."""
+    loads = [0] * count
+    shards: list[set[str]] = [set() for _ in range(count)]
+    for name in sorted(modules, key=lambda m: (-SANDBOX_MODULE_MINUTES.get(m, DEFAULT_MODULE_MINUTES), m)):
+        k = loads.index(min(loads))
+        shards[k].add(name)
+        loads[k] += SANDBOX_MODULE_MINUTES.get(name, DEFAULT_MODULE_MINUTES)
+    return shards[index]
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Everything under tests/sandbox is of the sandbox tier (`make test` runs `-m sandbox` and
-    `-m "not sandbox"` side by side), marked or not."""
+    `-m "not sandbox"` side by side), marked or not. With RIGFLEET_TEST_SHARD=K/N only shard K's
+    sandbox modules run: `make test` runs two shards at once, each on its own sandbox instance."""
     for item in items:
         if SANDBOX_TIER in item.path.parents and not item.get_closest_marker("sandbox"):
             item.add_marker(pytest.mark.sandbox)
+    shard = os.environ.get("RIGFLEET_TEST_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    modules = sorted({item.path.stem for item in items if SANDBOX_TIER in item.path.parents})
+    mine = sandbox_shard(modules, index, count)
+    keep = [item for item in items if SANDBOX_TIER not in item.path.parents or item.path.stem in mine]
+    dropped = [item for item in items if item not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture(autouse=True)
