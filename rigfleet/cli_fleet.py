@@ -22,9 +22,11 @@ out = Console(highlight=False, soft_wrap=True)
 @click.option("--canary", help="the rig that goes first, alone (default: the first rig in scope)")
 @click.option("--wave", "wave_size", default=2, show_default=True, help="rigs per wave after the canary")
 @click.option("--max-failures", default=1, show_default=True, help="halt once this many rigs failed")
-@click.option("--dry-run", is_flag=True, help="print the wave plan and contact nothing")
+@click.option("--dry-run", is_flag=True,
+              help="print the changes and the wave plan, change nothing (reads each rig's release record "
+                   "unless --from is given, then contacts nothing)")
 @click.option("--from", "from_spec", metavar="PINSET[:VARIANT]",
-              help="first show, per rig, what changes from this pin set (the one the rigs run now)")
+              help="diff from this pin set instead of the one each rig's release record names")
 @user_errors
 def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_size: int, max_failures: int,
           dry_run: bool, from_spec: str | None) -> None:
@@ -32,12 +34,20 @@ def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_si
     fleet, warnings = load_checked()
     warn(warnings)
     plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size)
+    in_scope = [r for wave in plan for r in wave]
+    changes: dict[str, tuple[str, list[str] | None]]
     if from_spec:
-        for rig, lines in pindiff.changes_from(fleet, [r for wave in plan for r in wave], from_spec).items():
-            out.print(f"{rig}: from {from_spec}: " + (f"{len(lines)} changes" if lines else "no change"),
-                      markup=False)
-            for line in lines:
-                out.print(f"  {line}", markup=False)
+        changes = {rig: (f"from {from_spec}", lines)
+                   for rig, lines in pindiff.changes_from(fleet, in_scope, from_spec).items()}
+    else:  # before: the release each rig's ledger records as serving now
+        changes = pindiff.changes_from_records(fleet, in_scope, status.recorded(fleet, in_scope))
+    for rig, (label, lines) in changes.items():
+        if lines is None:
+            out.print(f"{rig}: {label}", markup=False)
+            continue
+        out.print(f"{rig}: {label}: " + (f"{len(lines)} changes" if lines else "no change"), markup=False)
+        for line in lines:
+            out.print(f"  {line}", markup=False)
     for index, rigs in enumerate(plan):
         label = "canary" if index == 0 else f"wave {index}"
         out.print(f"{label}: {', '.join(rigs)}")

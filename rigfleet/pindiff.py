@@ -1,12 +1,16 @@
 """What changes for one rig between two releases (typically the same rig on two pin sets): image,
-vLLM version, patch tree, serve flags and container environment. Pure: renders, contacts nothing."""
+vLLM version, patch tree, serve flags and container environment. Pure: renders, contacts nothing
+(the release records `repin` diffs from are read by its caller)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from rigfleet import catalog, release
 from rigfleet.errors import InputError, Problem, one_of
 from rigfleet.loader import Fleet
 from rigfleet.render import Release
+from rigfleet.rigstate import LedgerEntry
 
 
 def _tree(release: Release) -> str:
@@ -73,4 +77,36 @@ def changes_from(fleet: Fleet, rigs: list[str], spec: str) -> dict[str, list[str
         rig = fleet.rig(rig_name)
         before = rig.model_copy(update={"pinset": name, "variant": variant or rig.variant})
         out[rig_name] = diff(release.resolve(fleet, before), release.resolve(fleet, rig))
+    return out
+
+
+# What `changes_from_records` says for a rig it cannot diff (no record, unreachable, unknown pin set).
+UNREACHABLE = "unreachable: its running pin set is unknown, nothing to diff"
+NO_RECORD = "no release recorded on the rig (a first deploy): everything is new"
+
+
+def changes_from_records(fleet: Fleet, rigs: list[str],
+                         records: Mapping[str, LedgerEntry | None]) -> dict[str, tuple[str, list[str] | None]]:
+    """Per rig: (where 'before' came from, what changes, or None when there is nothing to diff),
+    from the release its ledger records as serving (`records[rig]`, None for a rig without one; a
+    rig missing from `records` was not reachable) to what the inventory declares. `repin` without
+    `--from` shows this."""
+    out: dict[str, tuple[str, list[str] | None]] = {}
+    for rig_name in rigs:
+        if rig_name not in records:
+            out[rig_name] = (UNREACHABLE, None)
+            continue
+        current = records[rig_name]
+        if current is None or not current.pinset:
+            out[rig_name] = (NO_RECORD, None)
+            continue
+        rig = fleet.rig(rig_name)
+        variant = current.variant or rig.variant
+        label = f"from {current.pinset}:{variant} (its release record)"
+        if current.pinset not in fleet.pinsets or variant not in catalog.variants():
+            out[rig_name] = (f"{label}: not in this inventory's pin sets or the variants, "
+                             "nothing to diff (pass --from PINSET[:VARIANT])", None)
+            continue
+        before = rig.model_copy(update={"pinset": current.pinset, "variant": variant})
+        out[rig_name] = (label, diff(release.resolve(fleet, before), release.resolve(fleet, rig)))
     return out

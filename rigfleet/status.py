@@ -12,6 +12,7 @@ from typing import Any
 from pyinfra.api import FactBase
 
 from rigfleet import catalog, exposure, ledger, live, rigpython, runner
+from rigfleet.facts.serving import ServingState
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
 from rigfleet.render import Release, clamped_power_limit
@@ -195,6 +196,14 @@ def rows_of(fleet: Fleet, probes: dict[str, Any], reachable_rigs: dict[str, bool
             "api_reach": exposure.reach(rig).as_json(),
         })
     return rows
+
+
+def recorded(fleet: Fleet, names: list[str]) -> dict[str, LedgerEntry | None]:
+    """The release each reachable rig's ledger records as serving (None: no ledger or no current
+    release); an unreachable rig is left out. Read-only: one command per rig."""
+    states, outcomes = runner.read_facts(fleet, names, ServingState)
+    return {name: ledger.load(states[name].get("ledger"), name).current
+            for name in names if outcomes[name].reachable and name in states}
 
 
 def risks(fleet: Fleet, rig: Rig, pinset: str, variant: str) -> list[str]:

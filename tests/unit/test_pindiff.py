@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from rigfleet import pindiff, status
+from rigfleet import pindiff, runner, status
 from rigfleet.cli import main
 from rigfleet.loader import load_fleet
 from rigfleet.release import resolve
+from rigfleet.rigstate import LedgerEntry
+from rigfleet.runner import RigOutcome
 from tests.conftest import write_yaml
 
 
@@ -77,3 +80,57 @@ def test_status_risks_follow_the_running_pin_set_and_the_drafter(example_invento
     assert "mtp_drafter off" in risk
     assert status.risks(fleet, rig, "seed-2026-05", "tq3-mtp-genesis") == []
     assert status.risks(fleet, rig.model_copy(update={"mtp_drafter": "off"}), "stock-v0-27-1", "fp8-mtp") == []
+
+
+def record(pinset: str, variant: str) -> LedgerEntry:
+    return LedgerEntry(release_id=f"r-{pinset}-{variant}", pinset=pinset, variant=variant)
+
+
+def test_the_running_pin_set_comes_from_each_rigs_release_record(example_inventory: Path) -> None:
+    repin_to(example_inventory, "sndr-v12", "tq3-mtp-sndr")
+    fleet = load_fleet(example_inventory)
+    records = {"rig-01": record("stock-v0-27-1", "fp8-mtp"), "rig-02": None, "rig-11": record("gone-2025", "bf16")}
+    found = pindiff.changes_from_records(fleet, ["rig-01", "rig-02", "rig-11", "rig-12"], records)
+    label, lines = found["rig-01"]
+    assert label == "from stock-v0-27-1:fp8-mtp (its release record)"
+    assert lines == pindiff.changes_from(fleet, ["rig-01"], "stock-v0-27-1:fp8-mtp")["rig-01"]
+    assert lines is not None and "patch tree: none -> sndr-v12 v12.0.0 7aa66f9ac6bc" in lines
+    assert found["rig-02"] == (pindiff.NO_RECORD, None)
+    assert found["rig-12"] == (pindiff.UNREACHABLE, None)
+    assert found["rig-11"][1] is None and "gone-2025" in found["rig-11"][0] and "--from" in found["rig-11"][0]
+
+
+def test_a_rig_recorded_on_what_it_declares_has_no_change(example_inventory: Path) -> None:
+    fleet = load_fleet(example_inventory)
+    rig = fleet.rig("rig-01")
+    found = pindiff.changes_from_records(fleet, ["rig-01"], {"rig-01": record(rig.pinset, rig.variant)})
+    assert found["rig-01"] == (f"from {rig.pinset}:{rig.variant} (its release record)", [])
+
+
+def test_repin_without_from_diffs_from_the_release_records(example_inventory: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    repin_to(example_inventory, "stock-v0-27-1", "int8")
+    asked: list[list[str]] = []
+
+    def read_facts(fleet: object, names: list[str], fact: type) -> tuple[dict, dict]:
+        asked.append(list(names))
+        ledger = {"schema": 1, "rig": "rig-01", "current": {"release_id": "r1", "pinset": "seed-2026-05",
+                                                            "variant": "tq3-mtp-genesis"}}
+        return {"rig-01": {"ledger": ledger}}, {"rig-01": RigOutcome("rig-01")}
+
+    monkeypatch.setattr(runner, "read_facts", read_facts)
+    code, out = run(example_inventory, "repin", "--dry-run", "--limit", "rig-01")
+    assert code == 0, out
+    assert asked == [["rig-01"]]
+    assert "rig-01: from seed-2026-05:tq3-mtp-genesis (its release record): " in out
+    assert "  vllm: 0.20.2rc1.dev9+g01d4d1ad3 -> 0.27.1" in out
+    assert "  variant: tq3-mtp-genesis -> int8" in out
+
+
+def test_repin_with_from_reads_no_rig(example_inventory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_facts(*_: object) -> None:
+        raise AssertionError("--from given: no rig may be contacted for the diff")
+
+    monkeypatch.setattr(runner, "read_facts", read_facts)
+    code, out = run(example_inventory, "repin", "--dry-run", "--limit", "rig-01", "--from", "seed-2026-05")
+    assert code == 0, out

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from rigfleet import runner
+from rigfleet import runner, status
 from rigfleet.cli import main
 from rigfleet.loader import Fleet
 from rigfleet.runner import BUILT, PRESENT, PULLED, RigOutcome
@@ -66,6 +66,7 @@ def test_repin_ends_with_the_build_count_and_each_rig_image_source(
         return {rig: RigOutcome(rig, image=sources[rig]) for rig in rigs}
 
     monkeypatch.setattr(runner, "converge", converge)
+    monkeypatch.setattr(status, "recorded", lambda fleet, names: dict.fromkeys(names))
     result = CliRunner().invoke(main, ["repin", "--canary", "rig-01"],
                                 env={"RIGFLEET_INVENTORY": str(example_inventory), "COLUMNS": "200"})
     assert result.exit_code == 0, result.output
