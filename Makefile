@@ -22,16 +22,18 @@ lint: venv
 # on its own sandbox instance (RIGFLEET_TEST_SHARD, tests/conftest.py), and the other tiers run
 # alongside, each process with its own pytest temp dir; logs are printed one after the other.
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=15
+# The two sandbox instances the shards use (another pair lets a second run share the machine).
+SANDBOX_SHARD_INSTANCES ?= 0 1
 test: lint
-	@side=$$(mktemp -d); \
+	@side=$$(mktemp -d); set -- $(SANDBOX_SHARD_INSTANCES); \
 	$(PYTEST) --basetemp=$$side/tmp -m "not sandbox" tests > $$side/log 2>&1 & pid=$$!; \
-	RIGFLEET_SANDBOX_INSTANCE=1 RIGFLEET_TEST_SHARD=1/2 $(PYTEST) --basetemp=$$side/s1 -m sandbox tests \
+	RIGFLEET_SANDBOX_INSTANCE=$$2 RIGFLEET_TEST_SHARD=1/2 $(PYTEST) --basetemp=$$side/s1 -m sandbox tests \
 	  > $$side/s1.log 2>&1 & s1=$$!; \
-	RIGFLEET_SANDBOX_INSTANCE=0 RIGFLEET_TEST_SHARD=0/2 $(PYTEST) --basetemp=$$side/s0 -m sandbox tests; \
+	RIGFLEET_SANDBOX_INSTANCE=$$1 RIGFLEET_TEST_SHARD=0/2 $(PYTEST) --basetemp=$$side/s0 -m sandbox tests; \
 	shard0=$$?; \
 	wait $$s1; shard1=$$?; \
 	wait $$pid; others=$$?; \
-	echo "== sandbox tier, shard 1 of 2 (ran alongside shard 0, on sandbox instance 1): exit $$shard1"; \
+	echo "== sandbox tier, shard 1 of 2 (ran alongside shard 0, on sandbox instance $$2): exit $$shard1"; \
 	cat $$side/s1.log; \
 	echo "== unit, plan and upstream tiers (ran alongside the sandbox tier): exit $$others"; \
 	cat $$side/log; rm -rf $$side; \
