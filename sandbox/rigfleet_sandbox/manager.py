@@ -27,8 +27,6 @@ from rigfleet_sandbox import invfiles, net, procs, rootfs
 from rigfleet_sandbox.layout import (
     APT_CACHE_DIR,
     APT_PROXY_PORT,
-    CACHE_DIR,
-    INSTANCE,
     LAST_LOGS_DIR,
     LOCK_FILE,
     LOG_DIR,
@@ -160,10 +158,10 @@ def _wait_port(addr: str, port: int, timeout: float, banner: bytes = b"") -> flo
 
 
 def _our_mounts() -> list[str]:
+    # Not the rootfs build dirs under CACHE_DIR: every instance shares them, and a build clears its
+    # own stale mounts under its lock (rootfs.ensure_tarball); another instance may be building now.
     prefixes = (
         str(STATE_DIR) + "/",
-        # rootfs builds are shared by every instance (under their own lock): instance 0 clears them
-        *([str(CACHE_DIR / "build-")] if INSTANCE == 0 else []),
         f"{net.NETNS_DIR}/{NETNS_PREFIX}",
         *(str(d) + "/" for d in NSPAWN_RUN_DIRS),
     )
