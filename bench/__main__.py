@@ -5,7 +5,10 @@
 Measures (issue "Benchmarks"): fresh converge of one rig (split into waiting on downloads and
 rigfleet's own time), no-op converge of one rig (wall, remote commands, bytes sent), no-op
 converge of 1/2/4 rigs (ratio), swap downtime minus the engine's own ready time, and a 4-rig
-re-pin (image builds, total, per wave). Runs as root; holds the sandbox lock for its duration.
+re-pin (image builds, total, per wave); and real-upstream verification, cold (wheels downloaded)
+and warm (cached), with what the warm path adds to `rigfleet check` (bench/verify.py, no sandbox:
+`--only verify` runs without root or the sandbox lock). The rest runs as root and holds the sandbox
+lock for its duration.
 """
 
 from __future__ import annotations
@@ -203,7 +206,8 @@ def builds(fleet: Fleet, names: list[str]) -> int:
                for n in names)
 
 
-SECTIONS = ("fresh", "noop", "peer", "swap", "repin", "scale")
+SECTIONS = ("fresh", "noop", "peer", "swap", "repin", "scale", "verify")
+NO_SANDBOX = {"verify"}  # sections that need no sandbox rigs (nor root, nor its lock)
 
 
 def used_memory_mib() -> float:
@@ -247,6 +251,13 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
     def metric(name: str, unit: str, target: str = "") -> Metric:
         return metrics.setdefault(name, Metric(name, unit, target=target))
 
+    if "verify" not in skip:
+        from bench import verify
+
+        def record(name: str, unit: str, value: float, target: str) -> None:
+            metric(name, unit, target).values.append(value)
+
+        verify.run(repeats, record, say)
     if "fresh" not in skip:
         for attempt in range(repeats):
             say(f"fresh converge of one rig ({attempt + 1}/{repeats})")
@@ -357,6 +368,11 @@ def main() -> int:
     parser.add_argument("--scale", default="1,4,8,16", help="rig counts of the scale section")
     parser.add_argument("--only", default="", help="run only these sections (comma list, as --skip)")
     args = parser.parse_args()
+    chosen = set(args.only.split(",")) if args.only else set(SECTIONS) - set(args.skip.split(","))
+    if chosen <= NO_SANDBOX:
+        console = Console()
+        metrics, slowest = run(args, lambda text: console.print(f"[dim]bench:[/dim] {text}"))
+        return report(args, console, metrics, slowest)
     if os.geteuid() != 0:
         print("bench runs on sandbox rigs (systemd-nspawn): run it as root", file=sys.stderr)
         return 2
@@ -365,6 +381,10 @@ def main() -> int:
         if "RIGFLEET_SANDBOX_INSTANCE" not in os.environ:  # /work/coord/e2e holds the slot's lock
             fcntl.flock(lock, fcntl.LOCK_EX)
         metrics, slowest = run(args, lambda text: console.print(f"[dim]bench:[/dim] {text}"))
+    return report(args, console, metrics, slowest)
+
+
+def report(args: argparse.Namespace, console: Console, metrics: list[Metric], slowest: list[dict[str, float]]) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.release()})"
     table = Table(title=f"rigfleet bench, {stamp}, {machine}, SIMULATED rigs, {args.repeats} runs")
