@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv lint test demo bench clean
+.PHONY: venv lint test demo bench clean haproxy
 
 $(BIN)/.installed: pyproject.toml sandbox/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ lint: venv
 PYTEST := $(BIN)/pytest -q -p no:cacheprovider --durations=15
 # The two sandbox instances the shards use (another pair lets a second run share the machine).
 SANDBOX_SHARD_INSTANCES ?= 0 1
-test: lint
+test: lint haproxy
 	@side=$$(mktemp -d); set -- $(SANDBOX_SHARD_INSTANCES); \
 	$(PYTEST) --basetemp=$$side/tmp -m "not sandbox" tests > $$side/log 2>&1 & pid=$$!; \
 	RIGFLEET_SANDBOX_INSTANCE=$$2 RIGFLEET_TEST_SHARD=1/2 $(PYTEST) --basetemp=$$side/s1 -m sandbox tests \
@@ -48,3 +48,8 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache
+
+# HAProxy from the distribution: tests/unit/test_gateway_haproxy.py runs the generated gateway
+# configuration for real on loopback (skipped where it is missing)
+haproxy:
+	@command -v haproxy >/dev/null || apt-get install -y --no-install-recommends haproxy

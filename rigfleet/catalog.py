@@ -70,3 +70,9 @@ def patch_tree_kinds() -> dict[str, Any]:
 def platforms() -> dict[str, Any]:
     """Supported platforms and their distribution facts (platforms.yaml)."""
     return dict(_load("platforms.yaml"))
+
+
+@cache
+def gateway() -> dict[str, Any]:
+    """The gateway's facts: HAProxy's package, runtime API and states, the engine's gauge."""
+    return dict(_load("gateway.yaml"))

@@ -154,6 +154,18 @@ def iptables_word(value: Any) -> str:
     return text
 
 
+HAPROXY_WORD = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9./:_@\[\]-]{0,255}$")
+
+
+def haproxy_word(value: Any) -> str:
+    """One word of an HAProxy configuration line (a proxy or server name, an address, a model
+    name): no spaces, quotes, '#' or backslashes, so a value can never add an argument or a line."""
+    text = _scalar_text(value)
+    if not HAPROXY_WORD.match(text):
+        raise UnsafeValue(f"not a plain HAProxy word: {text!r:.80}")
+    return text
+
+
 def comment(value: Any) -> str:
     """Text inside a `#`/`//` comment line: one printable ASCII line (escapes for the rest)."""
     return json.dumps(str(value), ensure_ascii=True)[1:-1]
@@ -174,4 +186,5 @@ FILTERS: dict[str, Callable[..., str]] = {
     "number": number,
     "iptables": iptables_word,
     "comment": comment,
+    "haproxy": haproxy_word,
 }

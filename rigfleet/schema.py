@@ -155,6 +155,12 @@ class Rig(Strict):
     # rollout
     gate: Literal["basic", "full"] = "basic"
     gate_timeout_s: int = Field(600, ge=10, le=7200)
+    # the fleet's gateway (rigfleet.gateway): set on the rigs of the `gateway` group, or fleet-wide
+    gateway_port: int = Field(4000, ge=1024, le=65535)  # where clients reach the one endpoint
+    gateway_bind_address: str = "127.0.0.1"
+    gateway_only: bool = False  # this rig's own API admits only the gateway (api_firewall)
+    drain_timeout_s: int = Field(120, ge=0, le=7200)  # in-flight requests finish before a swap
+    gateway_min_serving: int = Field(1, ge=0, le=100)  # backends per model a wave leaves serving
 
     @field_validator("name")
     @classmethod
@@ -183,7 +189,7 @@ class Rig(Strict):
             raise grammar.bad("not a user name", "use lower-case letters, digits, '_' and '-' (at most 32)")
         return value
 
-    @field_validator("bind_address")
+    @field_validator("bind_address", "gateway_bind_address")
     @classmethod
     def _bind(cls, value: str) -> str:
         return grammar.bind_address(value)

@@ -11,6 +11,7 @@ from rigfleet.roles.api_firewall import api_firewall
 from rigfleet.roles.apt_base import apt_base
 from rigfleet.roles.container_toolkit import container_toolkit
 from rigfleet.roles.docker_engine import docker_engine
+from rigfleet.roles.gateway import gateway_role
 from rigfleet.roles.gpu_tuning import gpu_tuning
 from rigfleet.roles.model_weights import model_weights
 from rigfleet.roles.nvidia_driver import nvidia_driver
@@ -20,7 +21,7 @@ from rigfleet.roles.vllm_image import vllm_image
 
 # In layer order. The host layer: preflight, apt_base, nvidia_driver, docker_engine,
 # container_toolkit, gpu_tuning; then model_weights, vllm_image, api_firewall (the DOCKER-USER
-# allowlist, before a release can listen), serving.
+# allowlist, before a release can listen), serving; last the gateway (on its host only).
 HOST_LAYER: list[Callable[..., Any]] = [
     preflight,
     apt_base,
@@ -29,7 +30,7 @@ HOST_LAYER: list[Callable[..., Any]] = [
     container_toolkit,
     gpu_tuning,
 ]
-ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, api_firewall, serving]
+ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, api_firewall, serving, gateway_role]
 
 
 def run_roles(context: Any, roles: Sequence[Callable[..., Any]] | None = None) -> None:

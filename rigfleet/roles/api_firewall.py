@@ -13,7 +13,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import files, systemd
 
-from rigfleet import exposure, render
+from rigfleet import exposure, gateway, render
 from rigfleet.context import RigContext
 from rigfleet.facts.firewall import ApiAllowlist
 from rigfleet.operations import files as files_ops
@@ -26,7 +26,9 @@ UNIT_PATH = f"/etc/systemd/system/{render.ALLOWLIST_UNIT}"
 def api_firewall(context: RigContext) -> None:
     with role_scope(7):
         state = host.get_fact(ApiAllowlist, script=render.ALLOWLIST_SCRIPT, unit=UNIT_PATH)
-        if not exposure.firewalled(context.rig):
+        # gateway_only: the gateway's address joins the allowlist (rigfleet.gateway)
+        rig = context.rig.model_copy(update={"api_allow": gateway.allow_sources(context.fleet, context.rig)})
+        if not exposure.firewalled(rig):
             if state.installed:
                 # ExecStop takes the chain and the jump out
                 systemd.service(name="Stop the API allowlist (no longer needed)", service=render.ALLOWLIST_UNIT,
@@ -35,7 +37,7 @@ def api_firewall(context: RigContext) -> None:
                 files.file(name="Remove the allowlist script", path=render.ALLOWLIST_SCRIPT, present=False)
                 systemd.daemon_reload(name="Reload systemd (allowlist unit removed)")
             return
-        rendered = render.allowlist_files(context.rig, context.release.port)
+        rendered = render.allowlist_files(rig, context.release.port)
         script = files_ops.config_file(name="API allowlist script", dest=render.ALLOWLIST_SCRIPT,
                                        content=rendered["script"], mode="0755")
         unit = files_ops.config_file(name="API allowlist unit", dest=UNIT_PATH, content=rendered["unit"])
