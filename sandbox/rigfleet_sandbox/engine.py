@@ -601,9 +601,9 @@ def _write_root_layer(root_tarball: Path, wheels: list[Path], out: Path) -> str:
     return pyver
 
 
-def _write_vllm_layer(pyver: str, version: str, out: Path) -> None:
+def _write_vllm_layer(pyver: str, version: str, out: Path, extra: dict[str, bytes] | None = None) -> None:
     site = f"usr/local/lib/python{pyver}/dist-packages"
-    files = {f"{site}/{rel}": data for rel, data in standin_vllm_files(version).items()}
+    files = {f"{site}/{rel}": data for rel, data in {**standin_vllm_files(version), **(extra or {})}.items()}
     seen: set[str] = set()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         _add_dirs(tar, [*files, "usr/local/bin/vllm", "vllm-workspace/.keep"], seen)
@@ -763,13 +763,17 @@ def build_image_archive(
     cache_dir: Path,
     wheels: list[Path],
     root_sha: str | None = None,
+    vllm_extra: dict[str, bytes] | None = None,
 ) -> dict[str, Any]:
-    """Build (or keep) one image archive; returns {'digest', 'diff_ids', 'python', 'archive'}."""
+    """Build (or keep) one image archive; returns {'digest', 'diff_ids', 'python', 'archive'}.
+
+    `vllm_extra`: more files for the vllm layer, by path under site-packages (rigfleet_sandbox.stacks
+    adds the real release's CLI surface)."""
     out = Path(out)
     root_layer, root_diff, pyver = build_root_layer(root_tarball, cache_dir, wheels, root_sha)
     with tempfile.TemporaryDirectory(prefix="vllm-layer-", dir=cache_dir) as tmp:
         vllm_layer = Path(tmp) / "layer.tar"
-        _write_vllm_layer(pyver, spec.vllm_version, vllm_layer)
+        _write_vllm_layer(pyver, spec.vllm_version, vllm_layer, vllm_extra)
         vllm_diff = _layer_digest(vllm_layer)
         diff_ids = [root_diff, vllm_diff]
         config = _image_config(spec, diff_ids, root_sha or _sha256_file(root_tarball), pyver)

@@ -1,13 +1,18 @@
 """`vllm serve` argument parser (SIMULATED stand-in of vLLM's FlexibleArgumentParser setup).
 
 Accepts the flags the rigfleet catalog variants and club-3090 composes pass; anything else is
-refused the way argparse does (usage line + `error: unrecognized arguments`, exit 2).
+refused the way argparse does (usage line + `error: unrecognized arguments`, exit 2). An image that
+carries vllm/_sim/real_surface.json (the CLI surface derived from the real vLLM release wheel of
+its version, rigfleet_sandbox.stacks) accepts exactly the real release's flags instead: a flag the
+real release lacks is refused even if modelled here, a real flag not modelled here is accepted and
+ignored, and a choice the real release does not list (--kv-cache-dtype ...) is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from vllm.v1.core.kv_cache_utils import KV_DTYPES
 
@@ -31,8 +36,44 @@ def _unit_float(value: str) -> float:
     return number
 
 
+REAL_SURFACE = Path(__file__).resolve().parents[2] / "_sim" / "real_surface.json"
+
+
+def real_surface() -> dict | None:
+    try:
+        return json.loads(REAL_SURFACE.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class RealSurfaceParser(argparse.ArgumentParser):
+    """The stand-in's parser held to the real release's flag set and value choices."""
+
+    real: dict | None = None
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+        if self.real is None:
+            return super().parse_args(args, namespace)
+        argv = list(args) if args is not None else []
+        flags = set(self.real.get("flags", []))
+        used = [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+        unknown = [f for f in used if f not in flags and f not in ("--help",)]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)} "
+                       f"(not a flag of vLLM {self.real.get('release')}, SIMULATED from its real CLI surface)")
+        parsed, rest = self.parse_known_args(argv, namespace)
+        for flag, choices in self.real.get("choices", {}).items():
+            value = getattr(parsed, flag.lstrip("-").replace("-", "_"), None)
+            if flag in used and isinstance(value, str) and value not in choices:
+                self.error(f"argument {flag}: invalid choice: {value!r} (choose from {', '.join(choices)})")
+        positional = [r for r in rest if not r.startswith("-")]
+        if positional and not any(r.startswith("--") for r in rest):
+            self.error(f"unrecognized arguments: {' '.join(positional)}")
+        return parsed  # the rest: real flags the simulation does not model (accepted, ignored)
+
+
 def make_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = RealSurfaceParser(
         prog="vllm serve",
         usage="vllm serve [model_tag] [options]",
         description="Start the vLLM OpenAI-compatible API server (SIMULATED stand-in).",
@@ -82,6 +123,7 @@ def make_arg_parser() -> argparse.ArgumentParser:
     add("--port", type=int, default=8000)
     add("--api-key", default=None)
     add("--allowed-origins", type=_json, default=None)
+    parser.real = real_surface()
     return parser
 
 

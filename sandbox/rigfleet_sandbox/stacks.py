@@ -1,0 +1,151 @@
+"""SIMULATED stand-ins for re-pinning one rig across the shipped stacks (seed, stock v0.27.1, SNDR
+v12), derived from the real pin sets in rigfleet's skeleton inventory:
+
+* a stand-in base image per real `base_image` tag the sandbox does not have yet, carrying the
+  pin set's exact `vllm_version` and, as ``vllm/_sim/real_surface.json``, the CLI surface rigfleet
+  derives from the real vLLM release wheel of that version (rigfleet.upstream: its flags and value
+  choices), so the SIMULATED engine accepts exactly the flags the real release does;
+* a PEP 503 package index on the host's web server (``www/simple/``) holding the real PyPI wheels
+  of the patch trees' build requirements (the SNDR v12 tree's setuptools/wheel, pinned in
+  rigfleet/catalog/patch_trees.yaml), downloaded here through this machine's pip configuration:
+  the image build's `pip download` inside the rig reaches no other index;
+* the pin sets themselves: the real ones with only what a sandbox cannot have replaced (the base
+  image's digest and archive: the stand-in's; the overlays: the sandbox's stand-in files; the
+  index: the host's). The patch tree keeps its real source and commit: the inventory's mirror map
+  points that source at the real repository's git bundle, so the real tree lands in the image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rigfleet import catalog
+from rigfleet.schema import MirrorMap
+from rigfleet.upstream import sources
+from rigfleet_sandbox import engine
+from rigfleet_sandbox.layout import HOST_URL
+
+log = logging.getLogger(__name__)
+
+SHIPPED = Path(catalog.__file__).resolve().parent / "skeleton" / "inventory" / "pinsets.yml"
+STACKS = ("seed-2026-05", "stock-v0-27-1", "sndr-v12")
+SURFACE_FILE = "vllm/_sim/real_surface.json"
+# Replaced in a sandbox pin set; every other field is the shipped pin set's (tests/unit checks it).
+SANDBOX_FIELDS = ("description", "base_image", "overlays", "python_deps", "pip_index_url")
+
+
+def shipped() -> dict[str, dict[str, Any]]:
+    return {name: value for name, value in yaml.safe_load(SHIPPED.read_text()).items() if name in STACKS}
+
+
+def images(pinsets: dict[str, dict[str, Any]] | None = None) -> list[engine.ImageSpec]:
+    """One stand-in per stack, reusing a sandbox image of the same tag and vLLM version."""
+    have = {(spec.tag, spec.vllm_version): spec for spec in engine.IMAGES}
+    out = []
+    for name, real in (pinsets or shipped()).items():
+        tag, version = real["base_image"]["tag"], real["vllm_version"]
+        out.append(have.get((tag, version)) or engine.ImageSpec(
+            f"stack-{name}", tag, version,
+            f"SIMULATED stand-in of {real['base_image']['repository']}:{tag} (vLLM {version}) for pin set "
+            f"{name}; flags from the real vLLM release wheel's CLI surface"))
+    return out
+
+
+def surface_file(version: str, mirrors: MirrorMap | None = None) -> bytes | None:
+    """The real release's CLI surface (rigfleet.upstream's derivation, cached; downloaded through
+    pip when missing), or None where no wheel can be had (the stand-in then keeps its own parser)."""
+    try:
+        found = sources.vllm_surface(version, mirrors or MirrorMap(), online=True)
+    except sources.Unavailable as exc:
+        log.warning("stacks (SIMULATED): no real CLI surface for vLLM %s: %s", version, exc)
+        return None
+    data = found.surface.to_json()
+    return json.dumps({"stand_in_release": found.stand_in, **data}, sort_keys=True).encode()
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def build_index(www: Path, requirements: dict[str, str], cache_dir: Path, base_url: str = HOST_URL) -> str:
+    """www/simple/ (PEP 503) with the real wheels of `requirements`; returns the index URL."""
+    wheels = cache_dir / "index-wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    pins = [f"{name}=={version}" for name, version in sorted(requirements.items())]
+    missing = [p for p in pins if not list(wheels.glob(f"{normalized(p.split('==')[0]).replace('-', '_')}-"
+                                                       f"{p.split('==')[1]}-*.whl"))]
+    if missing:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "-d", str(wheels), *missing], check=True, capture_output=True, text=True, timeout=600)
+    root = Path(www) / "simple"
+    projects = []
+    for name, version in sorted(requirements.items()):
+        project = normalized(name)
+        files = sorted(wheels.glob(f"{project.replace('-', '_')}-{version}-*.whl"))
+        if not files:
+            raise RuntimeError(f"stacks (SIMULATED): no wheel of {name}=={version} after pip download")
+        (root / project).mkdir(parents=True, exist_ok=True)
+        links = []
+        for wheel in files:
+            data = wheel.read_bytes()
+            engine._write_if_changed(root / project / wheel.name, data)
+            digest = hashlib.sha256(data).hexdigest()
+            links.append(f'<a href="{html.escape(wheel.name)}#sha256={digest}">{html.escape(wheel.name)}</a><br>')
+        engine._write_if_changed(root / project / "index.html",
+                                 ("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n").encode())
+        projects.append(f'<a href="{project}/">{project}</a><br>')
+    engine._write_if_changed(root / "index.html",
+                             ("<!DOCTYPE html><html><body>\n" + "\n".join(projects) + "\n</body></html>\n").encode())
+    return engine._url(base_url, "simple") + "/"
+
+
+def build_requirements() -> dict[str, str]:
+    """What the shipped trees' kinds pin for their own install (setuptools/wheel for SNDR v12)."""
+    kinds = yaml.safe_load((SHIPPED.parents[2] / "catalog" / "patch_trees.yaml").read_text())["kinds"]
+    out: dict[str, str] = {}
+    for real in shipped().values():
+        tree = real.get("genesis") or {}
+        if tree:
+            out.update(kinds[tree.get("kind", "genesis-v7")].get("build_requires") or {})
+    return out
+
+
+def build(www: Path, root_tarball: Path, cache_dir: Path, base_url: str = HOST_URL) -> dict[str, dict[str, Any]]:
+    """Fill `www` with the stand-ins; returns the sandbox pin sets, by the shipped names."""
+    www, root_tarball, cache_dir = Path(www), Path(root_tarball), Path(cache_dir)
+    real = shipped()
+    overlays = engine.build_overlays(www, base_url)
+    index = build_index(www, build_requirements(), cache_dir, base_url)
+    wheels = engine.fetch_pip_wheels(cache_dir)
+    out: dict[str, dict[str, Any]] = {}
+    for (name, pinset), spec in zip(real.items(), images(real), strict=True):
+        surface = surface_file(spec.vllm_version) if spec.pinset.startswith("stack-") else None
+        built = engine.build_image_archive(
+            www / "images" / engine.archive_name(spec), root_tarball, spec, cache_dir=cache_dir, wheels=wheels,
+            vllm_extra={SURFACE_FILE: surface} if surface else None)
+        archive = engine._url(base_url, "images", engine.archive_name(spec))
+        out[name] = derive(name, pinset, built["digest"], archive, overlays, index)
+    return out
+
+
+def derive(name: str, pinset: dict[str, Any], digest: str, archive: str, overlays: list[dict[str, Any]],
+           index: str) -> dict[str, Any]:
+    """The sandbox copy of a shipped pin set: only SANDBOX_FIELDS differ."""
+    derived = {**pinset,
+               "description": f"SIMULATED sandbox copy of {name}: {pinset['description']}",
+               "base_image": {**pinset["base_image"], "digest": digest, "archive": archive},
+               "python_deps": {},  # the SIMULATED engine imports none of them; the build's own come from `index`
+               "pip_index_url": index}
+    if pinset.get("overlays"):
+        derived["overlays"] = overlays  # the sandbox's stand-in files (the real ones are not reachable)
+    return derived
