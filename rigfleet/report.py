@@ -46,7 +46,7 @@ SECTIONS: dict[str, str] = {
     "toolkit.txt": "NVIDIA Container Toolkit: nvidia-ctk version, its runtime config, Docker's daemon.json",
     "containers.txt": "container state: every rigfleet container (docker ps -a) and the serving container's "
                       "docker inspect",
-    "release.json": "the release record of the serving release (release.json of /opt/rigfleet/current)",
+    "release.json": f"the release record of the serving release (release.json of {CURRENT_LINK})",
     "compose.yaml": "the serving release's compose file (the env file with the secrets is never read)",
     "ledger.json": "the rig's ledger: current and previous release, every deploy/rollback attempt, verifications",
     "last-gate-verify.json": "the last gate result (newest attempt) and the last verify result, in full",
