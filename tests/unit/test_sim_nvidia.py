@@ -123,6 +123,15 @@ def test_query_gpu_csv_matches_the_real_format(run: Run) -> None:
     assert lines[2].split(", ")[3] == "00000000:02:00.0"
 
 
+def test_sm_clock_query_answers_like_the_real_one(run: Run) -> None:
+    # the live view's query (rigfleet.live): clocks.sm is the real tool's alias of clocks.current.sm
+    res = run("nvidia-smi", "--query-gpu=clocks.sm", "--format=csv")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["clocks.current.sm [MHz]", "210 MHz", "210 MHz"]  # idle: P8
+    bare = run("nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits")
+    assert bare.stdout.split() == ["210", "210"]
+
+
 def test_query_gpu_noheader_nounits(run: Run) -> None:
     res = run("nvidia-smi", f"--query-gpu={FULL_QUERY}", "--format=csv,noheader,nounits")
     assert res.returncode == 0
