@@ -27,13 +27,18 @@ out = Console(highlight=False, soft_wrap=True)
                    "unless --from is given, then contacts nothing)")
 @click.option("--from", "from_spec", metavar="PINSET[:VARIANT]",
               help="diff from this pin set instead of the one each rig's release record names")
+@click.option("--no-drain", is_flag=True,
+              help="do not take rigs out of the gateway before their swap (in-flight requests are cut)")
 @user_errors
 def repin(group: str | None, limit: tuple[str, ...], canary: str | None, wave_size: int, max_failures: int,
-          dry_run: bool, from_spec: str | None) -> None:
+          dry_run: bool, from_spec: str | None, no_drain: bool) -> None:
     """Roll out what the inventory declares, canary first, then waves; halt at the first failure."""
     fleet, warnings = load_checked()
     warn(warnings)
-    plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size)
+    if no_drain:
+        fleet = rollout.without_drain(fleet)
+    # behind a gateway, waves are split so every model keeps gateway_min_serving backends
+    plan = rollout.plan_waves(rollout.scope(fleet, group, limit), canary, wave_size, fleet)
     in_scope = [r for wave in plan for r in wave]
     changes: dict[str, tuple[str, list[str] | None]]
     if from_spec:

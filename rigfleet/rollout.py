@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from rigfleet.errors import InputError, Problem
+from rigfleet import gateway
+from rigfleet.errors import FLEET, InputError, Problem
 from rigfleet.loader import Fleet
 from rigfleet.runner import BUILT, RigOutcome
 
@@ -90,7 +91,49 @@ def scope(fleet: Fleet, group: str | None, limit: Iterable[str] | None) -> list[
     return names
 
 
-def plan_waves(rigs: list[str], canary: str | None, wave_size: int) -> list[list[str]]:
+def plan_waves(rigs: list[str], canary: str | None, wave_size: int, fleet: Fleet | None = None) -> list[list[str]]:
+    """Canary first, then waves of `wave_size`; behind a gateway (`fleet` given) a wave is split where
+    it would leave a model fewer serving backends than gateway_min_serving."""
+    waves = _waves(rigs, canary, wave_size)
+    return spare_waves(fleet, waves) if fleet is not None else waves
+
+
+def spare_waves(fleet: Fleet, plan: list[list[str]]) -> list[list[str]]:
+    """A wave never takes out more rigs than the fleet can spare: every model keeps at least
+    gateway_min_serving backends in the gateway. A model that cannot (too few rigs serve it) is
+    refused here, before any rig is touched."""
+    gw = gateway.of(fleet)
+    if gw is None:
+        return plan
+    minimum = fleet.rig(gw.rig).gateway_min_serving
+    in_scope = {rig for wave in plan for rig in wave}
+    servers = {route.model: {s.rig for s in route.servers} for route in gw.routes}
+    problems = [
+        Problem(FLEET, "gateway_min_serving", minimum,
+                f"model {model} is served by {len(rigs)} rig(s) ({', '.join(sorted(rigs))}): re-pinning "
+                f"{'it' if len(rigs) == 1 else 'one of them'} would leave fewer than {minimum} serving it",
+                "add a rig that serves it, leave its rigs out of the scope (--limit/--group), or set "
+                "gateway_min_serving: 0 on the gateway host to accept the outage")
+        for model, rigs in sorted(servers.items()) if rigs & in_scope and len(rigs) - 1 < minimum]
+    if problems:
+        raise InputError(problems)
+
+    def spares(wave: list[str]) -> bool:
+        return all(len(rigs - set(wave)) >= minimum for rigs in servers.values())
+
+    out: list[list[str]] = []
+    for wave in plan:
+        current: list[str] = []
+        for rig in wave:
+            if current and not spares([*current, rig]):
+                out.append(current)
+                current = []
+            current.append(rig)
+        out.append(current)
+    return out
+
+
+def _waves(rigs: list[str], canary: str | None, wave_size: int) -> list[list[str]]:
     if wave_size < 1:
         raise InputError([Problem("fleet", "--wave", wave_size, "a wave needs at least one rig",
                                   "use --wave 1 or more")])
@@ -100,6 +143,11 @@ def plan_waves(rigs: list[str], canary: str | None, wave_size: int) -> list[list
                                   f"choose one of: {', '.join(rigs)}")])
     rest = [rig for rig in rigs if rig != canary]
     return [[canary]] + [rest[i:i + wave_size] for i in range(0, len(rest), wave_size)]
+
+
+def without_drain(fleet: Fleet) -> Fleet:
+    """`--no-drain`: swaps stop engines while the gateway still routes to them (for comparison)."""
+    return replace(fleet, rigs=tuple(rig.model_copy(update={"drain": False}) for rig in fleet.rigs))
 
 
 def canary_fleet(fleet: Fleet, canary: str) -> Fleet:

@@ -26,7 +26,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
-from rigfleet import hostkeys, liveness, release, riglock
+from rigfleet import gateway, hostkeys, liveness, release, riglock
 from rigfleet.context import context_of, pyinfra_host_data
 from rigfleet.loader import Fleet
 from rigfleet.roles import ROLES, run_roles
@@ -49,8 +49,10 @@ class RigOutcome:
         return "ok" if self.ok else "failed: " + "; ".join(self.errors[-3:])
 
 
-def _state(fleet: Fleet, names: Iterable[str], **config: Any) -> tuple[State, dict[str, RigOutcome]]:
-    chosen = set(names)
+def _state(fleet: Fleet, names: Iterable[str], extra: Iterable[str] = (),
+           **config: Any) -> tuple[State, dict[str, RigOutcome]]:
+    """`extra`: hosts connected but not deployed (the gateway, which the serving swap drains)."""
+    chosen = set(names) | set(extra)
     hosts = [(rig.name, pyinfra_host_data(fleet, rig)) for rig in fleet.rigs if rig.name in chosen]
     outcomes = {name: RigOutcome(name) for name, _ in hosts}
     # No change preview: pyinfra would otherwise run every operation's fact reads twice (once to
@@ -123,7 +125,10 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
     """Run the roles (default: all) on these rigs in parallel; per-rig outcome, a failing rig never
     stops the others, a connection lost mid-converge is named as such (rigfleet.liveness)."""
     chosen = list(ROLES if roles is None else roles)
-    state, outcomes = _state(fleet, names)
+    wanted = set(names)
+    # the serving swap drains a rig at the fleet's gateway over the gateway host's connection
+    extra = [rig.name for rig in gateway.gateway_rigs(fleet) if rig.name not in wanted]
+    state, outcomes = _state(fleet, wanted, extra)
     for callback in [liveness.DeadPeerDetection(), *callbacks]:
         state.add_callback_handler(callback)
     log = _PyinfraLog()
@@ -137,6 +142,8 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
             def deploy_rig() -> None:
                 from pyinfra import host
 
+                if host.name not in wanted:  # connected for the drain only
+                    return
                 if not riglock.hold_or_refuse(host):  # another deploy is converging this rig
                     return
                 run_roles(contexts[host.name], chosen)
@@ -152,6 +159,8 @@ def converge(fleet: Fleet, names: Iterable[str], roles: list[Role] | None = None
         for host in state.activated_hosts:
             riglock.release(host)  # this process may converge the rig again (repin, rollback, tests)
         disconnect_all(state)
+    for name in extra:
+        outcomes.pop(name, None)
     for outcome in outcomes.values():
         if outcome.reachable and not outcome.ok:
             outcome.errors = liveness.name_losses(outcome.errors)

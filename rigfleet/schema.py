@@ -159,6 +159,7 @@ class Rig(Strict):
     gateway_port: int = Field(4000, ge=1024, le=65535)  # where clients reach the one endpoint
     gateway_bind_address: str = "127.0.0.1"
     gateway_only: bool = False  # this rig's own API admits only the gateway (api_firewall)
+    drain: bool = True  # out of the gateway before a swap stops the engine (`repin --no-drain`: off)
     drain_timeout_s: int = Field(120, ge=0, le=7200)  # in-flight requests finish before a swap
     gateway_min_serving: int = Field(1, ge=0, le=100)  # backends per model a wave leaves serving
 

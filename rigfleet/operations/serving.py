@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shlex
+import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from pyinfra.api import FunctionCommand, StringCommand, operation
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
-from rigfleet import gate, ledger
+from rigfleet import gate, gateway, ledger, rigpython
 from rigfleet.facts.serving import RELEASE_LABEL, ServingState, parse_state
 from rigfleet.rigstate import (
     CURRENT_LINK,
@@ -117,6 +118,100 @@ class SecretStdin:
     to_json = __repr__
 
 
+@dataclass(frozen=True)
+class DrainSpec:
+    """Where the rig sits in the gateway: the gateway's host, the backends holding this rig's server
+    (named after the rig), how long in-flight requests may take to finish."""
+
+    gateway: str  # the pyinfra host name of the gateway
+    server: str
+    backends: tuple[str, ...]
+    timeout_s: int
+    poll_s: float = 0.5
+
+
+class Drain:
+    """The rig's servers in the gateway, over the gateway host's SSH connection (runtime API)."""
+
+    def __init__(self, spec: DrainSpec, remote: Remote, state: State):
+        self.spec = spec
+        self.rig = remote
+        gateway_host = state.inventory.get_host(spec.gateway, None)
+        active = gateway_host is not None and gateway_host in state.active_hosts
+        self.gateway = Remote(gateway_host, remote.auth) if active else None
+
+    def _runtime(self, command: str) -> str:
+        assert self.gateway is not None
+        return self.gateway.must(gateway.runtime_command(command), f"gateway runtime API: {command}")
+
+    def set(self, state: str) -> None:
+        for backend in self.spec.backends:
+            self._runtime(gateway.set_state(backend, self.spec.server, state))
+
+    def sessions(self) -> int:
+        rows = gateway.parse_stat(self._runtime("show stat"))
+        return sum(int(rows.get((b, self.spec.server), {}).get("scur") or 0) for b in self.spec.backends)
+
+    def running(self, base_url: str | None) -> int:
+        """The engine's running-requests gauge; an engine that does not answer has none."""
+        if not base_url:
+            return 0
+        gauge = gateway.facts()["engine"]["running_gauge"]
+        ok, out, _ = self.rig.run(rigpython.command(ENGINE_RUNNING, base_url, gauge))
+        try:
+            return int(out.strip()) if ok else 0
+        except ValueError:
+            return 0
+
+    def out(self, host: Host, base_url: str | None) -> float | None:
+        """Drain, wait (bounded) until nothing is in flight, then maint. Seconds it took, or None
+        when the gateway cannot be reached (the swap goes on: its health checks take the rig out)."""
+        if self.gateway is None:
+            _say(host, f"gateway {self.spec.gateway} not connected: swapping without a drain", fg="yellow")
+            return None
+        started = time.monotonic()
+        self.set("drain")
+        deadline = started + self.spec.timeout_s
+        sessions = running = -1
+        while True:
+            sessions, running = self.sessions(), self.running(base_url)
+            if (sessions == 0 and running == 0) or time.monotonic() >= deadline:
+                break
+            time.sleep(self.spec.poll_s)
+        self.set("maint")
+        took = time.monotonic() - started
+        if sessions or running:
+            _say(host, f"drain timed out after {took:.1f} s ({sessions} sessions at the gateway, {running} "
+                       "requests running): stopping anyway", fg="yellow")
+        else:
+            _say(host, f"drained from the gateway in {took:.1f} s (nothing in flight)")
+        return took
+
+    def back(self, host: Host) -> None:
+        if self.gateway is not None:
+            self.set("ready")
+            _say(host, "back in the gateway", fg="green")
+
+
+# Rig-side, stdlib only: the sum of one gauge of the engine's /metrics (prometheus text format).
+ENGINE_RUNNING = """
+import sys, urllib.request
+try:
+    text = urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=5).read().decode()
+except Exception:
+    print(0)
+    sys.exit(0)
+total = 0.0
+for line in text.splitlines():
+    if line.startswith("#"):
+        continue
+    name = line.split("{", 1)[0].split(" ", 1)[0]
+    if name == sys.argv[2]:
+        total += float(line.rsplit(" ", 1)[1])
+print(int(total))
+"""
+
+
 @dataclass(frozen=True, repr=False, eq=False)
 class ReleaseSpec:
     """Everything the swap needs, computed at plan time from the rig's model. Holds no secret:
@@ -132,6 +227,7 @@ class ReleaseSpec:
     cache_dirs: tuple[str, ...] = ()
     level: str = "basic"
     timeout_s: int = 600
+    drain: DrainSpec | None = None  # the rig is behind the fleet's gateway: drained around the swap
 
     def __repr__(self) -> str:  # pyinfra prints commands' args with -vv: keep it short and secret-free
         return f"ReleaseSpec({self.rig}, {self.release_id})"
@@ -199,10 +295,11 @@ def release(spec: ReleaseSpec) -> Generator[FunctionCommand, None, None]:
 
 
 @operation(is_idempotent=False)
-def rollback(rig: str, level: str = "basic", timeout_s: int = 600) -> Generator[FunctionCommand, None, None]:
+def rollback(rig: str, level: str = "basic", timeout_s: int = 600,
+             drain: DrainSpec | None = None) -> Generator[FunctionCommand, None, None]:
     """Return the rig to the ledger's previous release through the same gate (always a swap)."""
     auth = auth_arguments(pyinfra_host.current_op_global_arguments)  # type: ignore[arg-type]
-    yield FunctionCommand(apply_rollback, (rig, level, timeout_s, auth), {})
+    yield FunctionCommand(apply_rollback, (rig, level, timeout_s, auth, drain), {})
 
 
 # --- execution (on the control machine, one rig) -------------------------------------------------
@@ -347,6 +444,7 @@ class Swap:
     level: str
     timeout_s: int
     reason: str | None = None  # why a recovery was needed (what the rig showed)
+    drain: Drain | None = None  # out of the gateway before the stop, back after the gate passes
 
     @property
     def target_id(self) -> str:
@@ -369,6 +467,9 @@ class Swap:
             raise
         observed = remote.observe(self.target_id)
         stopped_at: float | None = None
+        if self.drain is not None and _serving(observed):
+            previous = read_meta(remote, fallback) if fallback else None
+            self.drain.out(host, str(previous.base_url) if previous and previous.base_url else None)
         try:  # from here on, whatever goes wrong ends with the fallback started again
             was_running, stopped = stop_others(remote, observed, keep=self.target_id)
             stopped_at = remote.epoch() if was_running else None
@@ -392,6 +493,8 @@ class Swap:
                        f"{gate.summary(result)}; KV pool {result.get('kv_pool_tokens')} tokens", fg="green")
             _say(host, "downtime: " + (f"{downtime:.1f} s (previous stopped -> new healthy)" if downtime is not None
                                       else "none (no release was serving)"), fg="green")
+            if self.drain is not None:
+                self.drain.back(host)  # only now: a failed gate leaves the rig out of the gateway
             return
         self.fail(book, record, result, fallback, stopped_at)
 
@@ -436,6 +539,10 @@ class Swap:
                            f"({gate.summary(result)}); {after}")
 
 
+def _serving(observed: dict[str, Any]) -> bool:
+    return any(c.get("status") in ("running", "restarting") for c in observed.get("containers") or [])
+
+
 def _downtime(stopped_at: float | None, result: dict[str, Any]) -> float | None:
     ready = result.get("ready_epoch")
     if stopped_at is None or not isinstance(ready, (int, float)):
@@ -469,8 +576,9 @@ def apply_release(state: State, host: Host, spec: ReleaseSpec, auth: dict[str, A
         _say(host, f"{reason}: restarting it through the {spec.level} gate; on failure "
                    + (f"the previous release {fallback} is restored" if fallback else "nothing is left serving"),
              fg="yellow")
+    drain = Drain(spec.drain, remote, state) if spec.drain is not None else None
     Swap(host, remote, spec.rig, "recover" if reason else "deploy", spec.meta, spec.level, spec.timeout_s,
-         reason).run(book, fallback, started)
+         reason, drain).run(book, fallback, started)
 
 
 def crashed(book: Ledger, observed: dict[str, Any], release_id: str) -> str | None:
@@ -489,7 +597,8 @@ def crashed(book: Ledger, observed: dict[str, Any], release_id: str) -> str | No
     return None
 
 
-def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: int, auth: dict[str, Any]) -> None:
+def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: int, auth: dict[str, Any],
+                   drain_spec: DrainSpec | None = None) -> None:
     """The FunctionCommand of `rollback`: swap to the ledger's previous release, same gate."""
     remote = Remote(host, auth)
     started = ledger.now()
@@ -503,8 +612,9 @@ def apply_rollback(state: State, host: Host, rig: str, level: str, timeout_s: in
         raise ServingError(f"{rig}: release {target_id} is not on the rig any more ({release_dir(target_id)})")
     install_gate(remote)  # the gate of this rigfleet version, whatever wrote the release
     fallback = serving_release(book, observed, remote, exclude=target_id)
-    Swap(host, remote, rig, "rollback", meta, level, timeout_s).run(book, fallback, started)
+    drain = Drain(drain_spec, remote, state) if drain_spec is not None else None
+    Swap(host, remote, rig, "rollback", meta, level, timeout_s, drain=drain).run(book, fallback, started)
 
 
-__all__ = ["RELEASE_LABEL", "ReleaseSpec", "SecretSource", "ServingError", "apply_release", "apply_rollback",
-           "is_current", "release", "rollback"]
+__all__ = ["RELEASE_LABEL", "DrainSpec", "ReleaseSpec", "SecretSource", "ServingError", "apply_release",
+           "apply_rollback", "is_current", "release", "rollback"]

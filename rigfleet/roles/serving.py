@@ -11,7 +11,7 @@ from ipaddress import ip_address
 
 from pyinfra.api import deploy
 
-from rigfleet import planner
+from rigfleet import gateway, planner
 from rigfleet.context import RigContext
 from rigfleet.operations import serving as ops
 from rigfleet.render import ENV_FILE, SECRET_ENV
@@ -27,6 +27,15 @@ def base_url(rig: Rig, port: int) -> str:
     else:
         host = f"[{address}]" if address.version == 6 else str(address)
     return f"http://{host}:{port}"
+
+
+def drain_spec(ctx: RigContext) -> ops.DrainSpec | None:
+    """Where the rig sits in the fleet's gateway, when it is behind one and drain is on."""
+    gw = gateway.of(ctx.fleet)
+    if gw is None or not ctx.rig.drain or not gw.fronts(ctx.rig.name):
+        return None
+    return ops.DrainSpec(gateway=gw.rig, server=ctx.rig.name, backends=gw.backends_of(ctx.rig.name),
+                         timeout_s=ctx.rig.drain_timeout_s)
 
 
 def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
@@ -69,6 +78,7 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
         cache_dirs=(f"{cache}/torch_compile", f"{cache}/triton"),
         level=rig.gate,
         timeout_s=rig.gate_timeout_s,
+        drain=drain_spec(ctx),
     )
 
 
@@ -81,5 +91,5 @@ def serving(ctx: RigContext) -> None:
 @deploy("Serving rollback")
 def serving_rollback(ctx: RigContext) -> None:
     """Not in ROLES: `rigfleet rollback RIG` runs it to return to the ledger's previous release."""
-    ops.rollback(rig=ctx.rig.name, level=ctx.rig.gate, timeout_s=ctx.rig.gate_timeout_s,
+    ops.rollback(rig=ctx.rig.name, level=ctx.rig.gate, timeout_s=ctx.rig.gate_timeout_s, drain=drain_spec(ctx),
                  name=f"Roll back to the previous release (gate {ctx.rig.gate})")

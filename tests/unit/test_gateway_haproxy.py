@@ -20,6 +20,7 @@ import pytest
 
 from rigfleet import gateway
 from rigfleet.gateway import Gateway, Route, Server
+from rigfleet.operations.serving import Drain, DrainSpec, Remote
 from rigfleet.schema import SecretRef
 
 HAPROXY = shutil.which("haproxy")
@@ -50,6 +51,11 @@ class Stub(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802
+        if self.path == "/metrics":
+            running = self.server.inflight  # type: ignore[attr-defined]
+            self._send(200, f'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name="m"}} '
+                            f'{running}.0\n'.encode(), "text/plain")
+            return
         healthy = getattr(self.server, "healthy", True)
         self._send(200 if healthy and self.path == "/health" else 503, b"")
 
@@ -57,6 +63,13 @@ class Stub(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         name = getattr(self.server, "name", "?")
         self.server.seen.append(self.headers.get("Authorization"))  # type: ignore[attr-defined]
+        self.server.inflight += 1  # type: ignore[attr-defined]
+        try:
+            self._answer(body, name)
+        finally:
+            self.server.inflight -= 1  # type: ignore[attr-defined]
+
+    def _answer(self, body: dict[str, object], name: str) -> None:
         if body.get("stream"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -66,7 +79,7 @@ class Stub(BaseHTTPRequestHandler):
                 chunk = f"data: {json.dumps({'choices': [{'delta': {'content': part}}]})}\n\n".encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
-                time.sleep(0.05)
+                time.sleep(getattr(self.server, "delay", 0.05))
             self.wfile.write(b"%x\r\n%s\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
             self.wfile.write(b"0\r\n\r\n")
             return
@@ -77,6 +90,7 @@ def stub(name: str) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), Stub)
     server.name = name  # type: ignore[attr-defined]
     server.seen = []  # type: ignore[attr-defined]
+    server.inflight = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -212,3 +226,98 @@ def test_an_unhealthy_engine_is_taken_out_by_the_health_check(fleet_gateway: tup
     assert gateway.rig_state(stat(sock), gw, "rig-02") == "out"
     for _ in range(4):
         assert json.loads(post(gw, {"model": "model-a"})[1])["served_by"] == "rig-01"
+
+
+class LocalRemote(Remote):
+    """The swap's Remote, running its commands here (the rig and the gateway host are this machine)."""
+
+    def __init__(self) -> None:
+        super().__init__(host=None)  # type: ignore[arg-type]
+
+    def run(self, command: str, *, stdin: str | None = None, timeout: float | None = None) -> tuple[bool, str, str]:
+        out = subprocess.run(["bash", "-c", command], input=stdin, capture_output=True, text=True, timeout=60)
+        return out.returncode == 0, out.stdout, out.stderr
+
+
+class Said:
+    """Stands in for the pyinfra host the swap reports through."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log_styled(self, message: str, **_: object) -> None:
+        self.lines.append(message)
+
+
+def drain_for(sock: Path, timeout_s: int) -> Drain:
+    drain = Drain.__new__(Drain)
+    drain.spec = DrainSpec("rig-01", "rig-01", (gateway.backend_name("model-a"),), timeout_s, poll_s=0.1)
+    drain.rig = LocalRemote()
+    drain.gateway = LocalRemote()
+    # the runtime client on the gateway host talks to the test's socket
+    drain._runtime = lambda command: runtime(sock, command)  # type: ignore[method-assign]
+    return drain
+
+
+def stream_in_background(gw: Gateway, results: list[tuple[int, bytes]]) -> threading.Thread:
+    thread = threading.Thread(target=lambda: results.append(post(gw, {"model": "model-a", "stream": True})))
+    thread.start()
+    return thread
+
+
+def test_drain_waits_for_the_running_stream_and_sends_nothing_new(fleet_gateway: tuple) -> None:
+    gw, stubs, sock = fleet_gateway
+    stubs["rig-02"].healthy = False  # type: ignore[attr-defined]  # the stream goes to rig-01
+    for _ in range(100):
+        if gateway.rig_state(stat(sock), gw, "rig-02") == "out":
+            break
+        time.sleep(0.1)
+    stubs["rig-01"].delay = 1.0  # type: ignore[attr-defined]
+    results: list[tuple[int, bytes]] = []
+    thread = stream_in_background(gw, results)
+    while stubs["rig-01"].inflight == 0:  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    stubs["rig-02"].healthy = True  # type: ignore[attr-defined]
+    drain, said = drain_for(sock, timeout_s=30), Said()
+    engine = f"http://127.0.0.1:{stubs['rig-01'].server_address[1]}"
+    assert drain.running(engine) == 1 and drain.sessions() == 1
+    took = drain.out(said, engine)  # type: ignore[arg-type]
+    thread.join()
+    # the stream finished before the drain said it was done: complete, ending with [DONE]
+    assert took is not None and results[0][0] == 200 and results[0][1].decode().rstrip().endswith("data: [DONE]")
+    assert stubs["rig-01"].inflight == 0 and drain.sessions() == 0  # type: ignore[attr-defined]
+    assert gateway.rig_state(stat(sock), gw, "rig-01") == "out"
+    assert any("drained from the gateway" in line for line in said.lines)
+    seen = len(stubs["rig-01"].seen)
+    for _ in range(50):
+        if gateway.rig_state(stat(sock), gw, "rig-02") == "in":
+            break
+        time.sleep(0.1)
+    for _ in range(4):
+        assert json.loads(post(gw, {"model": "model-a"})[1])["served_by"] == "rig-02"
+    assert len(stubs["rig-01"].seen) == seen
+    drain.back(said)  # type: ignore[arg-type]
+    assert gateway.rig_state(stat(sock), gw, "rig-01") == "in"
+
+
+def test_a_drain_that_runs_out_of_time_says_so_and_takes_the_rig_out(fleet_gateway: tuple) -> None:
+    gw, stubs, sock = fleet_gateway
+    stubs["rig-01"].delay = 3.0  # type: ignore[attr-defined]
+    stubs["rig-02"].delay = 3.0  # type: ignore[attr-defined]
+    results: list[tuple[int, bytes]] = []
+    threads = [stream_in_background(gw, results) for _ in range(2)]
+    while stubs["rig-01"].inflight == 0:  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    drain, said = drain_for(sock, timeout_s=0), Said()
+    drain.out(said, f"http://127.0.0.1:{stubs['rig-01'].server_address[1]}")  # type: ignore[arg-type]
+    assert any("drain timed out" in line for line in said.lines)
+    assert gateway.rig_state(stat(sock), gw, "rig-01") == "out"
+    for thread in threads:
+        thread.join()
+
+
+def test_an_engine_that_does_not_answer_has_nothing_running() -> None:
+    drain = Drain.__new__(Drain)
+    drain.rig = LocalRemote()
+    assert drain.running(f"http://127.0.0.1:{free_port()}") == 0
+    assert drain.running(None) == 0
