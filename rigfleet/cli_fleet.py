@@ -120,6 +120,11 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
     for row in rows:
         for risk in row.get("risks", ()):
             out.print(f"risk on {row['rig']}: {risk}", markup=False, style="yellow")
+    fronted = [row for row in rows if "gateway_url" in row]
+    if fronted:
+        first = fronted[0]
+        out.print(f"gateway on {first['gateway_host']} ({first['gateway_url']}): {first['gateway_health']}; "
+                  + ", ".join(f"{row['rig']} {row['gateway']}" for row in fronted), markup=False)
 
 
 HOST_COLUMNS: list[tuple[str, tables.Kind]] = [("rig", "key"), ("up", "key"), ("distro/kernel", "fold"),

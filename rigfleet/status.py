@@ -11,7 +11,7 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import catalog, exposure, ledger, live, rigpython, runner
+from rigfleet import catalog, exposure, gateway, ledger, live, rigpython, runner
 from rigfleet.facts.serving import ServingState
 from rigfleet.loader import Fleet
 from rigfleet.release import resolve
@@ -152,9 +152,40 @@ def drift(release: Release, probe: dict[str, Any]) -> list[str]:
     return found
 
 
+class GatewayStat(FactBase):
+    """The gateway's `show stat` through its runtime API; an empty answer: HAProxy is not up."""
+
+    def command(self) -> str:
+        return gateway.runtime_command("show stat") + " 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return {"stat": "\n".join(output)}
+
+
+def gateway_rows(fleet: Fleet, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with its rig's state in the fleet's gateway (in, draining, out), the gateway's own
+    health on every fronted rig, and the client URL (`gateway_url`) on each rig it fronts."""
+    gw = gateway.of(fleet)
+    if gw is None:
+        return rows
+    answers, outcomes = runner.read_facts(fleet, [gw.rig], GatewayStat)
+    text = (answers.get(gw.rig) or {}).get("stat", "") if outcomes[gw.rig].reachable else ""
+    stat = gateway.parse_stat(text)
+    health = "up" if stat else ("down" if outcomes[gw.rig].reachable else "unreachable")
+    out = []
+    for row in rows:
+        if not gw.fronts(row["rig"]):
+            out.append(row | {"gateway": "not fronted"})
+            continue
+        state = gateway.rig_state(stat, gw, row["rig"]) if stat else "unknown"
+        out.append(row | {"gateway": state, "gateway_host": gw.rig, "gateway_health": health,
+                          "gateway_url": gw.url})
+    return out
+
+
 def collect(fleet: Fleet) -> list[dict[str, Any]]:
     probes, outcomes = runner.read_facts(fleet, [rig.name for rig in fleet.rigs], RigProbe)
-    return rows_of(fleet, probes, {name: outcome.reachable for name, outcome in outcomes.items()})
+    return gateway_rows(fleet, rows_of(fleet, probes, {name: outcome.reachable for name, outcome in outcomes.items()}))
 
 
 def collect_with_live(fleet: Fleet) -> list[dict[str, Any]]:
@@ -164,7 +195,7 @@ def collect_with_live(fleet: Fleet) -> list[dict[str, Any]]:
     status_probes = {name: p["status"] for name, p in probes.items() if p and p.get("status") is not None}
     live_rows = [live.row(rig.name, (probes.get(rig.name) or {}).get("live") if reachable[rig.name] else None,
                           clamped_power_limit(rig)) for rig in fleet.rigs]
-    return live.merge(rows_of(fleet, status_probes, reachable), live_rows)
+    return gateway_rows(fleet, live.merge(rows_of(fleet, status_probes, reachable), live_rows))
 
 
 def rows_of(fleet: Fleet, probes: dict[str, Any], reachable_rigs: dict[str, bool]) -> list[dict[str, Any]]:
