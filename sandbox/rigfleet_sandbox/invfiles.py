@@ -28,7 +28,9 @@ BASE_GROUP_VARS: dict[str, Any] = {
     "ssh_user": OPERATOR,
     "ssh_key": "id_ed25519",  # relative to the inventory dir
     "ssh_known_hosts_file": "known_hosts",  # relative to the inventory dir
-    "docker_source": "distro",
+    # Docker: the product's default path (docker-ce), from the SIMULATED Docker CE repository
+    # (dockerrepo.py supplies docker_repo); tests cover docker_source: distro as a variation
+    "docker_source": "docker-ce",
     "apt_proxy": f"http://{SERVICE_ADDR}:{APT_PROXY_PORT}",
     # rigs reach no image registry: the GPU smoke test imports an image from the rig's own root
     "smoke_image": "local",

@@ -257,9 +257,11 @@ def _run_hooks(tarball: Path, distro: str, log: Log) -> dict[str, Any]:
     results: dict[str, Any] = {}
     hooks = (
         ("rigfleet_sandbox.aptrepo", "build_apt_repo", (WWW_DIR,)),
+        ("rigfleet_sandbox.dockerrepo", "build_docker_repo", (WWW_DIR,)),  # the default Docker path
         ("rigfleet_sandbox.engine", "build_engine_artifacts", (WWW_DIR, tarball)),
     )
-    kwargs = {"build_apt_repo": {"suite": distro}}  # stand-ins shaped like this suite's packages
+    # stand-ins shaped like this suite's packages
+    kwargs = {"build_apt_repo": {"suite": distro}, "build_docker_repo": {"suite": distro}}
     for module, func, args in hooks:
         try:
             mod = __import__(module, fromlist=[func])

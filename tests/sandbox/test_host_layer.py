@@ -8,8 +8,14 @@ then a second run changes nothing; then the driver packages are moved behind rig
 nvidia-smi reports a driver/library mismatch, and the next deploy reboots the rig exactly once and
 leaves it healthy with a new boot id.
 
-The tests run in file order and build on each other. Run under the shared sandbox lock:
-flock /tmp/rigfleet-e2e.lock pytest tests/sandbox/test_host_layer.py
+Docker takes the product's default path (docker_source: docker-ce) from the sandbox's SIMULATED
+Docker CE repository (Docker's package names, versions and relations around Debian's Docker
+binaries, rigfleet_sandbox/dockerrepo.py). test_host_layer_bookworm.py runs the converge on
+Debian 12 and test_host_layer_distro.py the distribution's docker.io as a variation: each sets
+the module constants below and reuses these tests.
+
+The tests run in file order and build on each other. Run through the slot wrapper:
+/work/coord/e2e pytest tests/sandbox/test_host_layer.py
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import pytest
 
 from rigfleet import catalog
 from rigfleet.loader import load_fleet
+from rigfleet.roles.docker_engine import DOCKER_CE
+from rigfleet_sandbox import dockerrepo
 from rigfleet_sandbox.aptrepo import DRIVER_VERSIONS
 from rigfleet_sandbox.layout import RigSpec
 from rigfleet_sandbox.supervisor import read_boots
@@ -37,10 +45,12 @@ from .conftest import Sandbox, group_pinset, module_inventory, move_driver_behin
 RIG = "rig-01"
 SANDBOX_RIGS = 1
 SANDBOX_FRESH = True  # a rig nothing was deployed to
+DOCKER_SOURCE = "docker-ce"  # the product's default; a variation module sets "distro"
 DEPLOY_TIMEOUT_S = 1800
 # deploy.py runs every layer; tests/sandbox/host_layer_deploy.py only the host layer
 DEPLOY_FILE = os.environ.get("RIGFLEET_E2E_DEPLOY", "deploy.py")
 POWER_LIMIT_W = 280
+DISTRO_DOCKER_HELD = {"docker.io", "docker-compose"}  # both Debian releases' distro path
 FOREIGN = {"max-concurrent-downloads": 4, "labels": ["rigfleet-test=foreign-key"]}
 DRIVER_HELD = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda"}
 TOOLKIT_HELD = {
@@ -57,9 +67,21 @@ seen: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="module")
-def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def docker_source(request: pytest.FixtureRequest) -> str:
+    """The running module's Docker path (this module's tests are reused by the variations)."""
+    return str(getattr(request.module, "DOCKER_SOURCE", DOCKER_SOURCE))
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, docker_source: str) -> Path:
     return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
+                          group={"docker_source": docker_source},
                           rig_vars={RIG: {"power_limit_w": POWER_LIMIT_W}})
+
+
+def installed_versions(sandbox: Sandbox) -> dict[str, str]:
+    out = run(sandbox, "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n'").stdout
+    return {f[1]: f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3 and f[0] == "ii"}
 
 
 def deploy(inventory: Path) -> dict[str, Any]:
@@ -115,7 +137,7 @@ def boot_id(sandbox: Sandbox) -> str:
     return run(sandbox, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
 
 
-def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path) -> None:
+def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path, docker_source: str) -> None:
     # an operator's own daemon.json before rigfleet ever ran: its keys must survive
     run(
         sandbox,
@@ -135,7 +157,22 @@ def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path) -> None:
     results = deploy(inventory)
     assert op(results, SMOKE_OP)["success"] == [RIG], "the GPU smoke container ran"
 
-    assert DRIVER_HELD | TOOLKIT_HELD | {"docker.io", "docker-compose"} <= held(sandbox)
+    docker_held = set(DOCKER_CE) if docker_source == "docker-ce" else DISTRO_DOCKER_HELD
+    assert DRIVER_HELD | TOOLKIT_HELD | docker_held <= held(sandbox)
+    versions = installed_versions(sandbox)
+    if docker_source == "docker-ce":
+        suite = sandbox.info.distro
+        assert {name: versions.get(name) for name in DOCKER_CE} == {
+            name: dockerrepo.version(name, suite) for name in DOCKER_CE
+        }, "Docker CE's packages at Docker's version strings"
+        assert "docker.io" not in versions and "containerd" not in versions, "nothing of the distro's Docker"
+        # Debian's real engine inside the SIMULATED packaging
+        assert run(sandbox, "sudo docker version --format '{{.Server.Version}}'").stdout.strip()
+        apt_source = run(sandbox, "cat /etc/apt/sources.list.d/docker.sources").stdout
+        assert re.search(r"^URIs: \S+/linux/debian/?$", apt_source, re.M), apt_source
+        assert f"Suites: {suite}" in apt_source and "Components: stable" in apt_source
+    else:
+        assert not set(DOCKER_CE) & set(versions), "no Docker CE package on the distro path"
     rows = gpus(sandbox)
     assert [row[:4] for row in rows] == [
         ["0", "NVIDIA GeForce RTX 3090", "Enabled", f"{POWER_LIMIT_W:.2f}"],
