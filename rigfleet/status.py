@@ -19,6 +19,8 @@ from rigfleet.render import Release, clamped_power_limit
 from rigfleet.rigstate import LEDGER_PATH, LedgerEntry
 from rigfleet.schema import Rig
 
+# the kernel image metapackages of the supported platforms (platforms.yaml kernel.image)
+KERNEL_METAS = sorted({p["kernel"]["image"] for p in catalog.platforms()["platforms"].values()})
 # Runs on the rig (python3 is there on every supported distro); never fails, always prints JSON.
 PROBE = r'''
 import json, platform, subprocess
@@ -36,6 +38,15 @@ out = {"os": (osr.get("ID", "?") + " " + osr.get("VERSION_ID", "")).strip(), "ke
 out["nvidia_smi"] = sh("nvidia-smi --query-gpu=index,driver_version,persistence_mode,power.limit "
                        "--format=csv,noheader,nounits 2>&1")
 out["held"] = sh("apt-mark showhold 2>/dev/null").split()
+# the distribution kernel's metapackage (@KERNEL_METAS@): installed version and apt's candidate
+out["kernel_package"] = None
+for meta in @KERNEL_METAS@:
+    got = sh("dpkg-query -W -f '${db:Status-Abbrev} ${Version}' " + meta + " 2>/dev/null").split()
+    if len(got) == 2 and got[0] == "ii":
+        policy = sh("apt-cache policy " + meta + " 2>/dev/null").splitlines()
+        cand = [l.split(":", 1)[1].strip() for l in policy if l.strip().startswith("Candidate:")]
+        out["kernel_package"] = {"name": meta, "installed": got[1], "candidate": cand[0] if cand else ""}
+        break
 out["docker"] = sh("docker version --format '{{.Server.Version}}' 2>/dev/null")
 out["toolkit"] = sh("nvidia-ctk --version 2>/dev/null | head -n 1")
 try:
@@ -45,7 +56,7 @@ except Exception:
 out["containers"] = sh("docker ps -a --filter label=io.rigfleet.release --format "
                        "'{{.Label \"io.rigfleet.release\"}} {{.State}} {{.Status}}' 2>/dev/null").splitlines()
 print(json.dumps(out))
-'''.replace("@LEDGER@", LEDGER_PATH)
+'''.replace("@LEDGER@", LEDGER_PATH).replace("@KERNEL_METAS@", repr(KERNEL_METAS))
 
 
 class RigProbe(FactBase):
@@ -149,6 +160,9 @@ def drift(release: Release, probe: dict[str, Any]) -> list[str]:
     held = set(probe.get("held", []))
     if not any(name.startswith(("nvidia-", "cuda-", "linux-modules-nvidia")) for name in held):
         found.append("driver packages: not held")
+    kernel = probe.get("kernel_package")
+    if kernel and kernel["name"] not in held:
+        found.append(f"kernel: {kernel['name']} not held (an upgrade can move it without the driver's modules)")
     return found
 
 
@@ -183,6 +197,23 @@ def gateway_rows(fleet: Fleet, rows: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
+def kernel_state(probe: dict[str, Any]) -> str | None:
+    """The kernel policy as found: held (and what waits), or moved, and whether the NVIDIA module
+    answers for the running kernel (nvidia-smi reports the GPUs only when the loaded module fits)."""
+    kernel = probe.get("kernel_package")
+    if not kernel:
+        return None
+    module = ("NVIDIA module answers on " if _gpus(probe.get("nvidia_smi", "")) else
+              "NO working NVIDIA module on ") + f"running kernel {probe.get('kernel', '?')}"
+    if kernel["name"] in probe.get("held", []):
+        waiting = kernel.get("candidate")
+        if waiting and waiting not in (kernel["installed"], "(none)"):
+            return (f"{kernel['name']} held at {kernel['installed']} (not moved); {waiting} waits for a "
+                    f"rigfleet converge; {module}")
+        return f"{kernel['name']} held at {kernel['installed']}; {module}"
+    return f"{kernel['name']} {kernel['installed']} NOT held (may move); {module}"
+
+
 def collect(fleet: Fleet) -> list[dict[str, Any]]:
     probes, outcomes = runner.read_facts(fleet, [rig.name for rig in fleet.rigs], RigProbe)
     return gateway_rows(fleet, rows_of(fleet, probes, {name: outcome.reachable for name, outcome in outcomes.items()}))
@@ -213,6 +244,7 @@ def rows_of(fleet: Fleet, probes: dict[str, Any], reachable_rigs: dict[str, bool
             "os": f"{probe['os']} / {probe['kernel']}" if probe else None,
             "driver": (gpus[0]["driver"] + (" (held)" if any(p.startswith("nvidia-") for p in probe["held"]) else ""))
             if probe and gpus else None,
+            "kernel_policy": kernel_state(probe) if probe else None,
             "docker": probe.get("docker") if probe else None,
             "toolkit": probe.get("toolkit") if probe else None,
             "pinset": current.pinset if current else None,

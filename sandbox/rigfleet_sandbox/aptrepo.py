@@ -477,7 +477,7 @@ def _control(p: Package) -> str:
         "Priority: optional",
         "Homepage: https://github.com/rigfleet (SIMULATED stand-in)",
         f"Description: {p.summary}",
-        " SIMULATED by the rigfleet sandbox: a stand-in under NVIDIA's package name, for",
+        " SIMULATED by the rigfleet sandbox: a stand-in under the real package's name, for",
         " rehearsing deploys on simulated rigs. It contains no NVIDIA software.",
     ]
     return "\n".join(lines) + "\n"
@@ -772,3 +772,62 @@ def _build_into(stage: Path, key_dir: Path, fprs: dict[str, str], suite: str) ->
         for path in repo_dir.iterdir():
             path.chmod(0o644)
         repo_dir.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------ kernel rehearsal
+
+KERNEL_META = "linux-image-amd64"
+
+
+def kernel_meta_package(version: str) -> Package:
+    """A newer Debian kernel metapackage (SIMULATED: no kernel in it), for the kernel-update
+    rehearsal: what a point release or security update offers a rig while its driver is held."""
+    return Package(
+        KERNEL_META,
+        version,
+        "cuda",
+        "Linux for 64-bit PCs (meta-package), newer kernel (SIMULATED)",
+        files=dict([_doc(KERNEL_META, "A newer kernel metapackage offered to a rig whose driver is held;\n"
+                                      "it carries no kernel (the sandbox's rigs boot the host's).")]),
+    )
+
+
+def republish(www: Path, extra: list[Package], *, repo: str = "cuda", key_dir: Path | None = None,
+              drop: tuple[str, ...] = ()) -> None:
+    """Publish `extra` packages into a built repository (its index and signatures redone from the
+    .debs it then holds), or take out the files named in `drop` again."""
+    key_dir = key_dir or Path(os.environ.get("RIGFLEET_SIM_APT_KEY_DIR", DEFAULT_KEY_DIR))
+    repo_dir = Path(www) / "nvidia" / repo
+    with _locked(Path(www) / ".nvidia.lock"):
+        for name in drop:
+            (repo_dir / name).unlink(missing_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=".republish-", dir=www))
+        try:
+            for p in extra:
+                _build_deb(p, work, repo_dir).chmod(0o644)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        stanzas = []
+        for deb in sorted(repo_dir.glob("*.deb")):
+            data = deb.read_bytes()
+            fields = _run(["dpkg-deb", "-f", str(deb)]).stdout.decode().rstrip("\n")
+            stanzas.append(
+                fields + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                + f"MD5sum: {hashlib.md5(data).hexdigest()}\n"  # noqa: S324 - apt index format
+                + f"SHA1: {hashlib.sha1(data).hexdigest()}\n"  # noqa: S324 - apt index format
+                + f"SHA256: {hashlib.sha256(data).hexdigest()}\n"
+            )
+        index = "\n".join(stanzas).encode()
+        (repo_dir / "Packages").write_bytes(index)
+        (repo_dir / "Packages.gz").write_bytes(_gz(index))
+        (repo_dir / "Release").write_bytes(_release(repo_dir, REPOS[repo][1]))
+        home = key_dir / repo
+        fpr = ensure_keys(key_dir)[repo]
+        sign = ["--pinentry-mode", "loopback", "--passphrase", "", "--local-user", fpr, "--digest-algo", "SHA512"]
+        for name in ("InRelease", "Release.gpg"):
+            (repo_dir / name).unlink(missing_ok=True)
+        _gpg(home, *sign, "--clearsign", "-o", str(repo_dir / "InRelease"), str(repo_dir / "Release"))
+        _gpg(home, *sign, "--armor", "--detach-sign", "-o", str(repo_dir / "Release.gpg"), str(repo_dir / "Release"))
+        _stop_agent(home)
+        for path in repo_dir.iterdir():
+            path.chmod(0o644)

@@ -26,6 +26,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,9 @@ import pytest
 from rigfleet import catalog
 from rigfleet.loader import load_fleet
 from rigfleet.roles.docker_engine import DOCKER_CE
-from rigfleet_sandbox import dockerrepo
+from rigfleet_sandbox import aptrepo, dockerrepo
 from rigfleet_sandbox.aptrepo import DRIVER_VERSIONS
-from rigfleet_sandbox.layout import RigSpec
+from rigfleet_sandbox.layout import WWW_DIR, RigSpec
 from rigfleet_sandbox.supervisor import read_boots
 from tests import REPO_ROOT
 
@@ -61,6 +62,7 @@ TOOLKIT_HELD = {
 }
 REBOOT_OP = "NVIDIA driver | Reboot if the driver needs it, then check the GPUs"
 SMOKE_OP = "NVIDIA Container Toolkit | GPU smoke container"
+REHEARSAL_CONF = "/etc/apt/apt.conf.d/52rigfleet-rehearsal-all-origins"
 
 pytestmark = pytest.mark.sandbox
 seen: dict[str, Any] = {}
@@ -223,3 +225,65 @@ def test_driver_change_behind_rigfleets_back_reboots_once(sandbox: Sandbox, inve
 
     again = deploy(inventory)
     assert again["totals"]["success"] == 0, f"changed after the reboot: {changed(again)}"
+
+
+def test_kernel_update_rehearsal_kernel_stays_with_its_module(sandbox: Sandbox, inventory: Path) -> None:
+    """A newer kernel metapackage (SIMULATED, published in the stand-in repository) offered while the
+    driver is held; Debian's unattended-upgrades, really run, with every origin allowed; reboot. The
+    kernel rigfleet holds must not have moved, the NVIDIA module must answer, and status says so."""
+    meta = aptrepo.KERNEL_META
+    installed = run(sandbox, f"dpkg-query -W -f '${{Version}}' {meta}").stdout.strip()
+    driver_before = gpus(sandbox)[0][4]
+    newer = aptrepo.kernel_meta_package(f"{installed}+sim1")
+    aptrepo.republish(WWW_DIR, [newer])
+    try:
+        sandbox.ssh(RIG, "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y unattended-upgrades", timeout=900)
+        # an operator who lets unattended-upgrades take every origin, the (stand-in) NVIDIA one too
+        run(sandbox, "echo 'Unattended-Upgrade::Origins-Pattern { \"origin=NVIDIA\"; };' | "
+                     f"sudo tee {REHEARSAL_CONF}")
+        run(sandbox, "sudo apt-get update")
+        policy = run(sandbox, f"apt-cache policy {meta}").stdout
+        assert f"Candidate: {newer.version}" in policy, policy
+        assert meta in held(sandbox)
+
+        # control: were the kernel not held, this unattended-upgrades would take the newer one
+        dry = sandbox.ssh(RIG, f"sudo apt-mark unhold {meta} >/dev/null && sudo unattended-upgrade --dry-run -v; "
+                               f"rc=$?; sudo apt-mark hold {meta} >/dev/null; exit $rc", timeout=600)
+        assert re.search(rf"Packages that will be upgraded:.*\b{re.escape(meta)}\b", dry.stdout + dry.stderr), (
+            dry.stdout + dry.stderr)
+        assert meta in held(sandbox)
+
+        real = sandbox.ssh(RIG, "sudo unattended-upgrade -v", timeout=600)
+        print(real.stdout[-4000:], real.stderr[-2000:])
+        assert run(sandbox, f"dpkg-query -W -f '${{Version}}' {meta}").stdout.strip() == installed, (
+            "the held kernel moved")
+
+        before = boot_id(sandbox)
+        sandbox.ssh(RIG, "sudo -n systemctl reboot", check=False, timeout=30)
+        wait_for_new_boot(sandbox, before)
+        assert [row[4] for row in gpus(sandbox)] == [driver_before, driver_before], "the module answers"
+
+        proc = subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "status", "--json"], cwd="/",
+                              env={**os.environ, "RIGFLEET_INVENTORY": str(inventory)},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        [row] = [r for r in json.loads(proc.stdout) if r["rig"] == RIG]
+        print(row["kernel_policy"])
+        assert f"{meta} held at {installed} (not moved); {newer.version} waits for a rigfleet converge" in (
+            row["kernel_policy"])
+        assert "NVIDIA module answers on running kernel" in row["kernel_policy"]
+        assert not any(d.startswith("kernel:") for d in row["drift"])
+    finally:
+        aptrepo.republish(WWW_DIR, [], drop=(newer.filename,))
+        run(sandbox, f"sudo rm -f {REHEARSAL_CONF} && sudo apt-get update", check=False)
+
+
+def wait_for_new_boot(sandbox: Sandbox, old: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = sandbox.ssh(RIG, "cat /proc/sys/kernel/random/boot_id", check=False, timeout=15)
+        if proc.returncode == 0 and proc.stdout.strip() not in ("", old):
+            sandbox.ssh(RIG, "systemctl is-system-running --wait", check=False, timeout=120)
+            return
+        time.sleep(1)
+    raise AssertionError(f"{RIG} did not come back within {timeout:.0f}s")
