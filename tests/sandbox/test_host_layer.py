@@ -83,7 +83,8 @@ def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, docker
 
 def installed_versions(sandbox: Sandbox) -> dict[str, str]:
     out = run(sandbox, "dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\\n'").stdout
-    return {f[1]: f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3 and f[0] == "ii"}
+    # "ii" installed, "hi" installed and held (rigfleet holds what it installs)
+    return {f[1]: f[2] for f in (line.split() for line in out.splitlines()) if len(f) == 3 and f[0] in ("ii", "hi")}
 
 
 def deploy(inventory: Path) -> dict[str, Any]:
