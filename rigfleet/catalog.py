@@ -76,3 +76,9 @@ def platforms() -> dict[str, Any]:
 def gateway() -> dict[str, Any]:
     """The gateway's facts: HAProxy's package, runtime API and states, the engine's gauge."""
     return dict(_load("gateway.yaml"))
+
+
+@cache
+def monitoring() -> dict[str, Any]:
+    """The distribution's Prometheus packages, ports and the metric names rigfleet reads (monitoring.yaml)."""
+    return dict(_load("monitoring.yaml"))

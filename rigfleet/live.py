@@ -15,23 +15,21 @@ from typing import Any
 
 from pyinfra.api import FactBase
 
-from rigfleet import rigpython, runner
+from rigfleet import catalog, rigpython, runner
 from rigfleet.gate import checks
 from rigfleet.loader import Fleet
 from rigfleet.render import clamped_power_limit
 from rigfleet.rigstate import CURRENT_LINK, LEDGER_PATH
 
 CURRENT = CURRENT_LINK
-# vLLM's Prometheus names (docs.vllm.ai/en/latest/design/metrics.html; the V1 engine's
-# vllm/v1/metrics/loggers.py); kv_cache_usage_perc was gpu_cache_usage_perc before v0.10.
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-GENERATED = "vllm:generation_tokens_total"
+# vLLM's metric names and the Xid marker: catalog/monitoring.yaml (with their sources)
+_VLLM, _XID = catalog.monitoring()["vllm"], catalog.monitoring()["xid"]
+RUNNING = _VLLM["num_requests_running"]
+WAITING = _VLLM["num_requests_waiting"]
+KV_USAGE = tuple(_VLLM["kv_cache_usage"])
+GENERATED = _VLLM["generation_tokens"]
 WANTED = (RUNNING, WAITING, *KV_USAGE, GENERATED, checks.DRAFTS, checks.DRAFT_TOKENS, checks.ACCEPTED)
-# The NVIDIA kernel driver logs "NVRM: Xid (PCI:0000:01:00): 79, ..." for each Xid event
-# (docs.nvidia.com/deploy/xid-errors/index.html).
-XID_MARK = "NVRM: Xid"
+XID_MARK = _XID["marker"]
 SMI_FIELDS = "index,temperature.gpu,power.draw,power.limit,memory.used,memory.total"
 
 SNIPPET = r'''
@@ -91,13 +89,14 @@ if meta.get("base_url"):
         pass
 out["gpus"] = sh(["nvidia-smi", "--query-gpu=" + FIELDS, "--format=csv,noheader,nounits"])[1]
 out["clocks"] = sh(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"])[1]
-code, text = sh(["journalctl", "-k", "-b", "--no-pager", "-q"])
+code, text = sh(@JOURNAL@)
 if code != 0:
     code, text = sh(["dmesg"])
 out["xid"] = sum(1 for line in text.splitlines() if XID in line) if code == 0 else None
 print(json.dumps(out))
 '''.replace("@LEDGER@", LEDGER_PATH).replace("@CURRENT@", CURRENT).replace("@WANTED@", repr(WANTED)) \
-   .replace("@XID@", XID_MARK).replace("@FIELDS@", SMI_FIELDS)
+   .replace("@XID@", XID_MARK).replace("@FIELDS@", SMI_FIELDS) \
+   .replace("@JOURNAL@", repr(list(_XID["journal_argv"])))
 
 
 class LiveProbe(FactBase):

@@ -97,6 +97,31 @@ class WeightsSource(Strict):
     _check_url = field_validator("url")(lambda v: v if v is None else grammar.url(v, ("https", "http", "file")))
 
 
+class Monitoring(Strict):
+    """Prometheus monitoring (rigfleet.monitoring): the node exporter and GPU collector on every rig,
+    Prometheus on the rigs of the `monitor` group. Durations in seconds; the defaults are a fleet's."""
+
+    enabled: bool = True
+    exporter_address: str | None = None  # the node exporter's listen address; None: the rig's bind_address
+    prometheus_address: str = "127.0.0.1"  # where Prometheus listens on a monitor host
+    scrape_interval_s: int = Field(default=15, ge=1, le=3600)
+    collector_interval_s: int = Field(default=15, ge=1, le=3600)
+    rig_down_for_s: int = Field(default=120, ge=0, le=86400)
+    engine_unhealthy_for_s: int = Field(default=120, ge=0, le=86400)
+    kv_cache_full_ratio: float = Field(default=0.95, gt=0, le=1)
+    kv_cache_full_for_s: int = Field(default=300, ge=0, le=86400)
+    gpu_hot_c: int = Field(default=85, ge=40, le=110)
+    gpu_hot_for_s: int = Field(default=120, ge=0, le=86400)
+    power_cap_for_s: int = Field(default=600, ge=0, le=86400)
+    xid_window_s: int = Field(default=3600, ge=10, le=604800)  # an Xid alerts for this long after it was logged
+    drift_for_s: int = Field(default=1800, ge=0, le=86400)  # a rollout in progress is not drift
+
+    @field_validator("exporter_address", "prometheus_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        return value if value is None else grammar.bind_address(value)
+
+
 class Rig(Strict):
     """One serving rig, after all < group < host precedence has been applied."""
 
@@ -162,6 +187,7 @@ class Rig(Strict):
     drain: bool = True  # out of the gateway before a swap stops the engine (`repin --no-drain`: off)
     drain_timeout_s: int = Field(120, ge=0, le=7200)  # in-flight requests finish before a swap
     gateway_min_serving: int = Field(1, ge=0, le=100)  # backends per model a wave leaves serving
+    monitoring: Monitoring = Monitoring()
 
     @field_validator("name")
     @classmethod

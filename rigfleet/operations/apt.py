@@ -138,7 +138,7 @@ def _satisfied(spec: str, installed: dict[str, list[str]]) -> bool:
 
 
 @operation()
-def install(packages: list[str], update: bool = True):
+def install(packages: list[str], update: bool = True, recommends: bool = True):
     """
     Install packages, with apt version globs as pins (`docker-ce=5:28.3.3-*`).
 
@@ -147,6 +147,7 @@ def install(packages: list[str], update: bool = True):
 
     + packages: names or name=version-glob
     + update: refresh the package lists first (when installing)
+    + recommends: also install what the packages recommend (apt's default)
     """
     installed = host.get_fact(DebPackages)
     missing = [spec for spec in packages if not _satisfied(spec, installed)]
@@ -155,7 +156,8 @@ def install(packages: list[str], update: bool = True):
         return
     if update:
         yield "apt-get update"
-    yield StringCommand(noninteractive_apt(INSTALL), *(shlex.quote(spec) for spec in packages))
+    flags = INSTALL if recommends else f"{INSTALL} --no-install-recommends"
+    yield StringCommand(noninteractive_apt(flags), *(shlex.quote(spec) for spec in packages))
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:

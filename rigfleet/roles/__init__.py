@@ -14,6 +14,8 @@ from rigfleet.roles.docker_engine import docker_engine
 from rigfleet.roles.gateway import gateway_role
 from rigfleet.roles.gpu_tuning import gpu_tuning
 from rigfleet.roles.model_weights import model_weights
+from rigfleet.roles.monitor import monitor
+from rigfleet.roles.node_exporter import node_exporter
 from rigfleet.roles.nvidia_driver import nvidia_driver
 from rigfleet.roles.preflight import preflight
 from rigfleet.roles.serving import serving
@@ -21,7 +23,8 @@ from rigfleet.roles.vllm_image import vllm_image
 
 # In layer order. The host layer: preflight, apt_base, nvidia_driver, docker_engine,
 # container_toolkit, gpu_tuning; then model_weights, vllm_image, api_firewall (the DOCKER-USER
-# allowlist, before a release can listen), serving; last the gateway (on its host only).
+# allowlist, before a release can listen), serving; the gateway (on its host only); then monitoring:
+# node_exporter (every rig) and monitor (Prometheus, on the `monitor` group).
 HOST_LAYER: list[Callable[..., Any]] = [
     preflight,
     apt_base,
@@ -30,7 +33,8 @@ HOST_LAYER: list[Callable[..., Any]] = [
     container_toolkit,
     gpu_tuning,
 ]
-ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, api_firewall, serving, gateway_role]
+ROLES: list[Callable[..., Any]] = [*HOST_LAYER, model_weights, vllm_image, api_firewall, serving, gateway_role,
+                                   node_exporter, monitor]
 
 
 def run_roles(context: Any, roles: Sequence[Callable[..., Any]] | None = None) -> None:

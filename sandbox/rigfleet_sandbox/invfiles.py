@@ -73,7 +73,10 @@ def write_inventory(
     (inv / MARKER).write_text("written by `rigfleet sandbox up` (simulated rigs)\n")
     # the API on the rig's own address: this machine (the sandbox's only client) reaches it there
     hosts = {name: {"ssh_hostname": address, "bind_address": address} for name, address, _ in rigs}
-    _dump(inv / "hosts.yml", {"all": {"children": {"sandbox": {"hosts": hosts}}}})
+    # the first rig is also the fleet's monitor host (Prometheus, roles/monitor), so the demo and
+    # the tests exercise monitoring
+    monitor = {"monitor": {"hosts": {rigs[0][0]: None}}} if rigs else {}
+    _dump(inv / "hosts.yml", {"all": {"children": {"sandbox": {"hosts": hosts}, **monitor}}})
     _dump(inv / "group_vars" / "all.yml", {**BASE_GROUP_VARS, **group_vars})
     _dump(inv / "pinsets.yml", dict(pinsets))
     key = inv / "id_ed25519"

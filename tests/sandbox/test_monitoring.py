@@ -1,0 +1,162 @@
+"""Monitoring on a SIMULATED rig: the distribution's node exporter and Prometheus, for real.
+
+rig-01 is the sandbox inventory's `monitor` host. The deploy installs prometheus-node-exporter and
+the GPU collector on it and Prometheus with targets from the inventory; Prometheus must scrape
+every target (`up == 1`), promtool must accept the alert rules, and the alerts must fire in
+Prometheus' own /api/v1/alerts and resolve for a rig whose exporter stopped, an engine that stopped
+answering (its container paused) and a simulated Xid (rigfleet_sandbox.xid). A second converge
+changes nothing. The `for:` durations and the Xid window are shortened for the module (the
+operator-tunable `monitoring` settings); scrapes and the collector run every 2 s.
+
+One rig only: the sandbox's rigs sit on host-only links and cannot reach one another, so the
+monitor here scrapes itself; a powered-off rig is simulated by stopping its exporter.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rigfleet import monitoring, runner
+from rigfleet.loader import load_fleet
+from rigfleet_sandbox import xid
+
+from .conftest import Sandbox, group_pinset, module_inventory
+
+RIG = "rig-01"
+SANDBOX_RIGS = 1
+WAIT_S = 150  # bounded waits: scrape and evaluation every 2 s, `for:` 4 s, Xid window 20 s
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    address = sandbox.address(RIG)
+    settings = {"prometheus_address": address, "scrape_interval_s": 2, "collector_interval_s": 2,
+                "rig_down_for_s": 4, "engine_unhealthy_for_s": 4, "xid_window_s": 20}
+    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
+                            rig_vars={RIG: {"bind_address": address, "gate_timeout_s": 120,
+                                            "monitoring": settings}})
+
+
+def converge(inventory: Path) -> runner.RigOutcome:
+    outcome = runner.converge(load_fleet(inventory), [RIG])[RIG]
+    assert outcome.ok, outcome.summary
+    return outcome
+
+
+def rig(sandbox: Sandbox, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sandbox.ssh(RIG, f"sudo sh -c {shlex.quote(command)}", check=check, timeout=300)
+
+
+def api(sandbox: Sandbox, path: str, **query: str) -> Any:
+    url = f"http://{sandbox.address(RIG)}:{monitoring.prometheus()['port']}{path}"
+    if query:
+        url += "?" + urllib.parse.urlencode(query)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as resp:
+        body = json.load(resp)
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def firing(sandbox: Sandbox) -> set[str]:
+    return {a["labels"]["alertname"] for a in api(sandbox, "/api/v1/alerts")["alerts"] if a["state"] == "firing"}
+
+
+def wait_for(what: str, check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except OSError:
+            pass  # Prometheus restarting
+        time.sleep(2)
+    raise AssertionError(f"not within {WAIT_S} s: {what}")
+
+
+@pytest.fixture(scope="module")
+def deployed(sandbox: Sandbox, inventory: Path) -> None:
+    converge(inventory)
+
+    def all_up() -> bool:
+        active = api(sandbox, "/api/v1/targets")["activeTargets"]
+        return len(active) == 2 and all(t["health"] == "up" for t in active)
+
+    wait_for("every target up", all_up)
+
+
+def test_every_target_is_scraped(sandbox: Sandbox, deployed: None) -> None:
+    up = api(sandbox, "/api/v1/query", query="up")["result"]
+    assert {r["metric"]["job"] for r in up} == {monitoring.NODE_JOB, monitoring.ENGINE_JOB}
+    assert all(r["value"][1] == "1" for r in up), up
+    gpus = api(sandbox, "/api/v1/query", query="rigfleet_gpu_temperature_celsius")["result"]
+    assert sorted(r["metric"]["gpu"] for r in gpus) == ["0", "1"]  # the collector, via the textfile
+    assert all(r["metric"]["rig"] == RIG for r in gpus)
+    cap = api(sandbox, "/api/v1/query", query="rigfleet_gpu_power_limit_watts")["result"]
+    assert cap and all(float(r["value"][1]) > 0 for r in cap)
+    engine = api(sandbox, "/api/v1/query", query="vllm:num_requests_running")["result"]
+    assert engine and engine[0]["metric"]["job"] == monitoring.ENGINE_JOB
+    healthy = api(sandbox, "/api/v1/query", query="rigfleet_engine_healthy")["result"]
+    assert healthy and healthy[0]["value"][1] == "1"
+
+
+def test_listeners_are_only_the_declared_addresses(sandbox: Sandbox, deployed: None) -> None:
+    listening = rig(sandbox, "ss -Htlnp").stdout
+    address = sandbox.address(RIG)
+    for port in (monitoring.node()["port"], monitoring.prometheus()["port"]):
+        lines = [line for line in listening.splitlines() if f":{port} " in line]
+        assert lines and all(f"{address}:{port}" in line for line in lines), listening
+
+
+def test_promtool_accepts_the_rules(sandbox: Sandbox, deployed: None) -> None:
+    prom = monitoring.prometheus()
+    checked = rig(sandbox, f"{prom['promtool']} check rules {prom['rules']}", check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 8 rules found" in checked.stdout + checked.stderr
+
+
+def test_a_healthy_rig_on_its_pins_raises_no_alert(sandbox: Sandbox, deployed: None) -> None:
+    time.sleep(8)  # past every shortened `for:`
+    assert firing(sandbox) == set()
+
+
+def test_second_converge_changes_nothing(inventory: Path, deployed: None) -> None:
+    outcome = converge(inventory)
+    assert outcome.changed == 0, outcome.summary
+
+
+def test_a_simulated_xid_fires_and_resolves(sandbox: Sandbox, deployed: None) -> None:
+    sandbox.ssh(RIG, xid.inject_command(79))
+    wait_for("GpuXidError firing", lambda: "GpuXidError" in firing(sandbox))
+    wait_for("GpuXidError resolved", lambda: "GpuXidError" not in firing(sandbox))
+
+
+def test_an_engine_that_stops_answering_fires_and_resolves(sandbox: Sandbox, deployed: None) -> None:
+    rig(sandbox, "docker ps -q | xargs -r docker pause")
+    try:
+        wait_for("EngineUnhealthy firing", lambda: "EngineUnhealthy" in firing(sandbox))
+    finally:
+        rig(sandbox, "docker ps -q --filter status=paused | xargs -r docker unpause")
+    wait_for("EngineUnhealthy resolved", lambda: "EngineUnhealthy" not in firing(sandbox))
+
+
+def test_a_stopped_rig_fires_and_resolves(sandbox: Sandbox, deployed: None) -> None:
+    service = monitoring.node()["service"]
+    rig(sandbox, f"systemctl stop {service}")
+    try:
+        wait_for("RigDown firing", lambda: "RigDown" in firing(sandbox))
+    finally:
+        rig(sandbox, f"systemctl start {service}")
+    wait_for("RigDown resolved", lambda: "RigDown" not in firing(sandbox))
