@@ -24,6 +24,7 @@ from rigfleet.schema import Rig
 
 MONITOR_GROUP = "monitor"
 COLLECTOR_SCRIPT = "/usr/local/lib/rigfleet/rigfleet-collector.py"
+COLLECTOR_CONFIG = "/etc/rigfleet/collector.json"
 COLLECTOR_UNIT = "rigfleet-collector.service"
 COLLECTOR_TIMER = "rigfleet-collector.timer"
 COLLECTOR_FILE = "rigfleet.prom"
@@ -59,15 +60,16 @@ def node_exporter_defaults(rig: Rig) -> str:
 
 
 def collector_files(rig: Rig) -> dict[str, str]:
-    """The GPU collector: its script, the oneshot unit that runs it and the timer."""
+    """The GPU collector: its script and configuration, the oneshot unit that runs it and the timer."""
     data = catalog.monitoring()
     fields = {name: value for name, value in data["nvidia_smi"]["query_gpu"].items()}
     out = f"{node()['textfile_dir']}/{COLLECTOR_FILE}"
     config = {"out": out, "fields": fields, "xid_mark": data["xid"]["marker"], "journal": data["xid"]["journal_argv"],
               "ledger": LEDGER_PATH, "current": CURRENT_LINK, "declared_cap_w": clamped_power_limit(rig)}
     return {
-        "script": render("monitoring/rigfleet-collector.py.j2", config=json.dumps(config)),
-        "service": render(f"monitoring/{COLLECTOR_UNIT}.j2", out=out, script=COLLECTOR_SCRIPT),
+        "script": render("monitoring/rigfleet-collector.py.j2"),
+        "config": json.dumps(config, indent=1) + "\n",
+        "service": render(f"monitoring/{COLLECTOR_UNIT}.j2", out=out, script=COLLECTOR_SCRIPT, config=COLLECTOR_CONFIG),
         "timer": render(f"monitoring/{COLLECTOR_TIMER}.j2", interval_s=rig.monitoring.collector_interval_s),
     }
 

@@ -36,6 +36,8 @@ def node_exporter(context: RigContext) -> None:
         rendered = monitoring.collector_files(rig)
         files_ops.config_file(name="GPU collector script", dest=monitoring.COLLECTOR_SCRIPT,
                               content=rendered["script"], mode="0755")
+        files_ops.config_file(name="GPU collector configuration", dest=monitoring.COLLECTOR_CONFIG,
+                              content=rendered["config"])
         unit = files_ops.config_file(name="GPU collector unit", dest=f"/etc/systemd/system/{monitoring.COLLECTOR_UNIT}",
                                      content=rendered["service"])
         timer = files_ops.config_file(name="GPU collector timer",

@@ -5,6 +5,7 @@ The daemons themselves meet the distribution's packages in tests/sandbox/test_mo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rigfleet import monitoring
@@ -27,7 +28,7 @@ def converged(**fields: Any) -> FakeRig:
     context = context_for("debian-13", **fields)
     collector = monitoring.collector_files(context.rig)
     files = {NODE["defaults_file"]: monitoring.node_exporter_defaults(context.rig),
-             monitoring.COLLECTOR_SCRIPT: collector["script"],
+             monitoring.COLLECTOR_SCRIPT: collector["script"], monitoring.COLLECTOR_CONFIG: collector["config"],
              f"{UNIT_DIR}/{monitoring.COLLECTOR_UNIT}": collector["service"],
              f"{UNIT_DIR}/{monitoring.COLLECTOR_TIMER}": collector["timer"]}
     services = {NODE["service"]: (True, True), monitoring.COLLECTOR_TIMER: (True, True)}
@@ -68,9 +69,11 @@ def test_a_rig_on_loopback_keeps_its_exporter_on_loopback() -> None:
 
 
 def test_the_collector_queries_the_catalog_fields_and_the_declared_cap() -> None:
-    script = run(fresh("debian-13"), **PUBLIC).uploads[monitoring.COLLECTOR_SCRIPT]
-    assert "clocks.sm" in script and "utilization.gpu" in script and "NVRM: Xid" in script
-    assert '\\"declared_cap_w\\": 290' in script
+    uploads = run(fresh("debian-13"), **PUBLIC).uploads
+    config = json.loads(uploads[monitoring.COLLECTOR_CONFIG])
+    assert list(config["fields"])[:2] == ["index", "temperature.gpu"] and "clocks.sm" in config["fields"]
+    assert config["xid_mark"] == "NVRM: Xid" and config["declared_cap_w"] == 290
+    assert monitoring.COLLECTOR_CONFIG in uploads[f"{UNIT_DIR}/{monitoring.COLLECTOR_UNIT}"]
 
 
 def test_the_monitor_gets_prometheus_with_its_config_checked_by_promtool() -> None:

@@ -75,9 +75,10 @@ def run_collector(standin: dict[str, Any], ledger: dict[str, Any], journal_lines
     config = {"out": str(out), "fields": FIELDS, "xid_mark": catalog.monitoring()["xid"]["marker"],
               "journal": ["cat", str(journal)], "ledger": str(tmp / "ledger.json"), "current": str(tmp / "none"),
               "declared_cap_w": 290}
-    script = tmp / "collector.py"
-    script.write_text(render("monitoring/rigfleet-collector.py.j2", config=json.dumps(config)))
-    subprocess.run([sys.executable, str(script)], env=standin["env"], check=True)
+    script, config_path = tmp / "collector.py", tmp / "collector.json"
+    script.write_text(render("monitoring/rigfleet-collector.py.j2"))
+    config_path.write_text(json.dumps(config))
+    subprocess.run([sys.executable, str(script), str(config_path)], env=standin["env"], check=True)
     return out.read_text()
 
 
@@ -144,3 +145,19 @@ def test_alert_rules_cover_the_fleets_failures_with_the_operators_durations() ->
 def test_a_bad_monitoring_address_names_the_field() -> None:
     with pytest.raises(ValueError, match="exporter_address"):
         context_for("debian-13", monitoring={"exporter_address": "not-an-ip"})
+
+
+def test_the_grafana_dashboard_reads_only_what_the_fleet_exports() -> None:
+    from rigfleet.paths import CATALOG_DIR
+
+    dashboard = json.loads((CATALOG_DIR / "grafana-fleet-dashboard.json").read_text())
+    assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
+    script = render("monitoring/rigfleet-collector.py.j2")
+    vllm = catalog.monitoring()["vllm"]
+    known = {f"rigfleet_gpu_{suffix}" for suffix, _ in (v for v in FIELDS.values() if v)} | {
+        vllm["num_requests_running"], vllm["num_requests_waiting"], *vllm["kv_cache_usage"], vllm["generation_tokens"],
+        "up", "rigfleet_gpu_power_cap_declared_watts"}
+    known |= set(re.findall(r'metric\("(rigfleet_\w+)"', script))
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    names = {n for e in exprs for n in re.findall(r"[a-z_:]+(?=[{\[ )/]|$)", e) if n.startswith(("rigfleet_", "vllm:", "up"))}
+    assert names and names <= known, names - known
