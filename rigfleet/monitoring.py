@@ -29,6 +29,8 @@ COLLECTOR_UNIT = "rigfleet-collector.service"
 COLLECTOR_TIMER = "rigfleet-collector.timer"
 COLLECTOR_FILE = "rigfleet.prom"
 NODE_JOB, ENGINE_JOB = "node", "vllm"
+EXPORTER_ALLOWLIST_SCRIPT = "/usr/local/sbin/rigfleet-exporter-allowlist"
+EXPORTER_ALLOWLIST_UNIT = "rigfleet-exporter-allowlist.service"
 
 
 def node() -> dict[str, Any]:
@@ -57,6 +59,21 @@ def node_exporter_defaults(rig: Rig) -> str:
             f"--collector.textfile.directory={node()['textfile_dir']}"]
     return ("# Written by rigfleet (roles/node_exporter): the exporter listens only where the inventory says.\n"
             f'ARGS="{" ".join(args)}"\n')
+
+
+def monitor_sources(fleet: Fleet) -> list[str]:
+    """The addresses the monitor hosts scrape from: their ssh_hostname (the inventory's address of them)."""
+    return list(dict.fromkeys(rig.ssh_hostname for rig in fleet.rigs if is_monitor(rig)))
+
+
+def exporter_allowlist(fleet: Fleet, rig: Rig) -> dict[str, str] | None:
+    """The INPUT allowlist of an exporter listening beyond loopback; None when it listens on loopback."""
+    if ip_address(exporter_address(rig)).is_loopback:
+        return None
+    context = {"rig": rig, "port": node()["port"], "sources": monitor_sources(fleet),
+               "script": EXPORTER_ALLOWLIST_SCRIPT}
+    return {"script": render("firewall/rigfleet-exporter-allowlist.sh.j2", **context),
+            "unit": render(f"systemd/{EXPORTER_ALLOWLIST_UNIT}.j2", **context)}
 
 
 def collector_files(rig: Rig) -> dict[str, str]:

@@ -26,6 +26,20 @@ def node_exporter(context: RigContext) -> None:
         return
     with role_scope(8):
         node = monitoring.node()
+        allowlist = monitoring.exporter_allowlist(context.fleet, rig)
+        unit_path = f"/etc/systemd/system/{monitoring.EXPORTER_ALLOWLIST_UNIT}"
+        if allowlist is not None:
+            # before the exporter listens beyond loopback: only the monitor hosts reach it
+            script = files_ops.config_file(name="Node exporter allowlist script",
+                                           dest=monitoring.EXPORTER_ALLOWLIST_SCRIPT, content=allowlist["script"],
+                                           mode="0755")
+            fw_unit = files_ops.config_file(name="Node exporter allowlist unit", dest=unit_path,
+                                            content=allowlist["unit"])
+            systemd.daemon_reload(name="Reload systemd for the exporter allowlist", _if=fw_unit.did_change)
+            systemd.service(name="Enable and apply the exporter allowlist", service=monitoring.EXPORTER_ALLOWLIST_UNIT,
+                            running=True, enabled=True)
+            systemd.service(name="Re-apply the exporter allowlist", service=monitoring.EXPORTER_ALLOWLIST_UNIT,
+                            running=True, restarted=True, _if=lambda: script.did_change() or fw_unit.did_change())
         defaults = files_ops.config_file(name="Node exporter arguments", dest=node["defaults_file"],
                                          content=monitoring.node_exporter_defaults(rig))
         apt_ops.install(name="Node exporter from the distribution", packages=[node["package"]], recommends=False)

@@ -32,6 +32,13 @@ def converged(**fields: Any) -> FakeRig:
              f"{UNIT_DIR}/{monitoring.COLLECTOR_UNIT}": collector["service"],
              f"{UNIT_DIR}/{monitoring.COLLECTOR_TIMER}": collector["timer"]}
     services = {NODE["service"]: (True, True), monitoring.COLLECTOR_TIMER: (True, True)}
+    modes = {monitoring.COLLECTOR_SCRIPT: "755"}
+    allowlist = monitoring.exporter_allowlist(context.fleet, context.rig)
+    if allowlist is not None:
+        files |= {monitoring.EXPORTER_ALLOWLIST_SCRIPT: allowlist["script"],
+                  f"{UNIT_DIR}/{monitoring.EXPORTER_ALLOWLIST_UNIT}": allowlist["unit"]}
+        services[monitoring.EXPORTER_ALLOWLIST_UNIT] = (True, True)
+        modes[monitoring.EXPORTER_ALLOWLIST_SCRIPT] = "755"
     packages = {NODE["package"]: ["1.9.1-1"]}
     if monitoring.is_monitor(context.rig):
         files |= {PROM["defaults_file"]: monitoring.prometheus_defaults(context.rig),
@@ -40,7 +47,7 @@ def converged(**fields: Any) -> FakeRig:
         services[PROM["service"]] = (True, True)
         packages[PROM["package"]] = ["2.53.3+ds1-1"]
     base = fresh("debian-13")
-    return base.with_(files=files, modes={monitoring.COLLECTOR_SCRIPT: "755"}, services=services,
+    return base.with_(files=files, modes=modes, services=services,
                       packages={**base.packages, **packages})
 
 
@@ -63,9 +70,22 @@ def test_every_rig_gets_the_exporter_bound_to_its_address_before_the_package() -
     assert not any(PROM["package"] in c.split() for c in result.commands)  # not a monitor
 
 
-def test_a_rig_on_loopback_keeps_its_exporter_on_loopback() -> None:
+def test_a_rig_on_loopback_keeps_its_exporter_on_loopback_without_a_firewall() -> None:
     result = run(fresh("debian-13"))
     assert "--web.listen-address=127.0.0.1:9100" in result.uploads[NODE["defaults_file"]]
+    assert monitoring.EXPORTER_ALLOWLIST_SCRIPT not in result.uploads
+
+
+def test_an_exporter_beyond_loopback_admits_only_the_monitor_hosts_before_it_listens() -> None:
+    result = run(fresh("debian-13"), **MONITOR)  # the monitor is the rig itself (192.0.2.10)
+    script = result.uploads[monitoring.EXPORTER_ALLOWLIST_SCRIPT]
+    assert "-A RIGFLEET-EXPORTER -i lo -j RETURN" in script
+    assert "-A RIGFLEET-EXPORTER -s 192.0.2.10 -j RETURN" in script
+    assert script.count("-j RETURN\n") == 2 and "-A RIGFLEET-EXPORTER -j DROP" in script
+    assert 'JUMP="-p tcp --dport 9100 -j $CHAIN"' in script
+    applied = index(result, lambda e: e[0] == "run" and f"systemctl start {monitoring.EXPORTER_ALLOWLIST_UNIT}" in e[1])
+    installed = index(result, lambda e: e[0] == "run" and "install" in e[1] and NODE["package"] in e[1].split())
+    assert applied < installed
 
 
 def test_the_collector_queries_the_catalog_fields_and_the_declared_cap() -> None:

@@ -159,5 +159,6 @@ def test_the_grafana_dashboard_reads_only_what_the_fleet_exports() -> None:
         "up", "rigfleet_gpu_power_cap_declared_watts"}
     known |= set(re.findall(r'metric\("(rigfleet_\w+)"', script))
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
-    names = {n for e in exprs for n in re.findall(r"[a-z_:]+(?=[{\[ )/]|$)", e) if n.startswith(("rigfleet_", "vllm:", "up"))}
+    names = {n for e in exprs for n in re.findall(r"[a-z_:]+(?=[{\[ )/]|$)", e)
+             if n.startswith(("rigfleet_", "vllm:", "up"))}
     assert names and names <= known, names - known
