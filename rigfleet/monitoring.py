@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from rigfleet import catalog, release
+from rigfleet.errors import InputError
 from rigfleet.loader import Fleet
 from rigfleet.render import Release, clamped_power_limit, render
 from rigfleet.rigstate import CURRENT_LINK, LEDGER_PATH
@@ -107,13 +108,16 @@ def targets(fleet: Fleet, monitor: Rig) -> dict[str, list[dict[str, Any]]]:
     for rig in fleet.rigs:
         if not rig.monitoring.enabled:
             continue
-        declared: Release = release.resolve(fleet, rig)
-        labels = {"rig": rig.name, "declared_release": declared.release_id()}
+        try:
+            declared: Release | None = release.resolve(fleet, rig)
+        except InputError:  # a rig the guard refuses still gets scraped; it can serve nothing declared
+            declared = None
+        labels = {"rig": rig.name, "declared_release": declared.release_id() if declared else ""}
         node_at = _scrape_address(exporter_address(rig), rig, monitor)
         if node_at is not None:
             jobs[NODE_JOB].append({"targets": [_hostport(node_at, node()["port"])], "labels": labels})
         engine_at = _scrape_address(rig.bind_address, rig, monitor)
-        if engine_at is not None:
+        if engine_at is not None and declared is not None:
             jobs[ENGINE_JOB].append({"targets": [_hostport(engine_at, declared.port)], "labels": {"rig": rig.name}})
     return jobs
 

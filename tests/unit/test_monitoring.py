@@ -162,3 +162,13 @@ def test_the_grafana_dashboard_reads_only_what_the_fleet_exports() -> None:
     names = {n for e in exprs for n in re.findall(r"[a-z_:]+(?=[{\[ )/]|$)", e)
              if n.startswith(("rigfleet_", "vllm:", "up"))}
     assert names and names <= known, names - known
+
+
+def test_a_rig_on_an_unknown_pin_set_is_still_scraped_and_shows_as_drift() -> None:
+    fleet, (mon, lost) = fleet_of({"name": "rig-01", "groups": ("monitor",)},
+                                  {"name": "rig-02", "ssh_hostname": "192.0.2.12", "bind_address": "192.0.2.12",
+                                   "pinset": "gone"})
+    jobs = monitoring.targets(fleet, mon)
+    node = {t["labels"]["rig"]: t["labels"]["declared_release"] for t in jobs[monitoring.NODE_JOB]}
+    assert node["rig-02"] == ""  # no declared release: whatever it serves is drift
+    assert {t["labels"]["rig"] for t in jobs[monitoring.ENGINE_JOB]} == {"rig-01"}
