@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rigfleet import monitoring, runner
 from rigfleet.loader import load_fleet
@@ -42,11 +43,16 @@ pytestmark = pytest.mark.sandbox
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
     address = sandbox.address(RIG)
-    settings = {"prometheus_address": address, "scrape_interval_s": 2, "collector_interval_s": 2,
+    settings: dict[str, Any] = {"prometheus_address": address, "scrape_interval_s": 2, "collector_interval_s": 2,
                 "rig_down_for_s": 4, "engine_unhealthy_for_s": 4, "xid_window_s": 20}
-    return module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
-                            rig_vars={RIG: {"bind_address": address, "gate_timeout_s": 120,
-                                            "monitoring": settings}})
+    settings["enabled"] = True
+    inv = module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
+                           rig_vars={RIG: {"bind_address": address, "gate_timeout_s": 120, "monitoring": settings}})
+    # the sandbox's inventory names rig-01 the monitor host; say so here too, whatever it says
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    hosts["all"]["children"][monitoring.MONITOR_GROUP] = {"hosts": {RIG: None}}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
+    return inv
 
 
 def converge(inventory: Path) -> runner.RigOutcome:
