@@ -20,12 +20,11 @@ from rigfleet import catalog, release
 from rigfleet.errors import InputError
 from rigfleet.loader import Fleet
 from rigfleet.render import Release, clamped_power_limit, render
-from rigfleet.rigstate import CURRENT_LINK, LEDGER_PATH
+from rigfleet.rigstate import COLLECTOR_CONFIG, CURRENT_LINK, LEDGER_PATH
 from rigfleet.schema import Rig
 
 MONITOR_GROUP = "monitor"
 COLLECTOR_SCRIPT = "/usr/local/lib/rigfleet/rigfleet-collector.py"
-COLLECTOR_CONFIG = "/etc/rigfleet/collector.json"
 COLLECTOR_UNIT = "rigfleet-collector.service"
 COLLECTOR_TIMER = "rigfleet-collector.timer"
 COLLECTOR_FILE = "rigfleet.prom"

@@ -33,6 +33,7 @@ SMOKE_STAMP = f"{STATE_DIR}/gpu-smoke"  # the container toolkit's GPU smoke test
 
 LOG_DIR = "/var/log/rigfleet"
 CHAT_TEMPLATES_DIR = "/etc/rigfleet/chat-templates"
+COLLECTOR_CONFIG = "/etc/rigfleet/collector.json"  # the GPU collector's settings (rigfleet.monitoring)
 
 
 def release_dir(release_id: str) -> str:
