@@ -1,9 +1,10 @@
 """The DOCKER-USER allowlist on a SIMULATED rig, against the real iptables and Docker inside it.
 
 The rig's API is published on its veth address with an API key and `api_allow: [10.231.N.1/32]`
-(this machine's side of the link: the stand-in for the gateway/monitor host). A second source
-address outside the allowlist (198.51.100.7, put on the same host-side link for this module)
-is dropped, the gateway still gets answers; a second converge changes nothing; the rules come
+(this machine's side of the link: the stand-in for the gateway) and `192.0.2.10/32` (a second
+host, the monitor, as a second source address on the host-side link). A source address outside
+the allowlist (198.51.100.7, on the same link) is dropped while the gateway and the monitor still
+connect; a second converge changes nothing; the rules come
 back after a Docker restart; without api_allow the next converge takes them out again.
 
 Named to run right after test_serving.py, whose converged rig it reuses (one rig, no fresh boot).
@@ -34,6 +35,7 @@ RIG = "rig-01"
 SANDBOX_RIGS = 1
 API_KEY = "sk-rigfleet-allow-" + os.urandom(8).hex()
 OUTSIDER = "198.51.100.7"  # TEST-NET-2: on no allowlist
+MONITOR = "192.0.2.10"  # TEST-NET-1: the monitor host, allowlisted beside the gateway
 CHAIN = "RIGFLEET-API"
 
 pytestmark = pytest.mark.sandbox
@@ -46,7 +48,7 @@ def gateway(sandbox: Sandbox) -> str:
 @pytest.fixture(scope="module")
 def values(sandbox: Sandbox) -> dict[str, Any]:
     return {"bind_address": sandbox.address(RIG), "api_key": {"env": "RIGFLEET_ALLOW_API_KEY"},
-            "api_allow": [f"{gateway(sandbox)}/32"], "gate_timeout_s": 120, "variant": "tq3-nomtp"}
+            "api_allow": [f"{gateway(sandbox)}/32", f"{MONITOR}/32"], "gate_timeout_s": 120, "variant": "tq3-nomtp"}
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +56,13 @@ def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, values
     old = os.environ.get("RIGFLEET_ALLOW_API_KEY")
     os.environ["RIGFLEET_ALLOW_API_KEY"] = API_KEY
     link = f"{HOST_VETH_PREFIX}{RIG}"
-    subprocess.run(["ip", "addr", "add", f"{OUTSIDER}/32", "dev", link], check=True)
+    for extra in (OUTSIDER, MONITOR):
+        subprocess.run(["ip", "addr", "add", f"{extra}/32", "dev", link], check=True)
     try:
         yield module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)], rig_vars={RIG: values})
     finally:
-        subprocess.run(["ip", "addr", "del", f"{OUTSIDER}/32", "dev", link], check=False)
+        for extra in (OUTSIDER, MONITOR):
+            subprocess.run(["ip", "addr", "del", f"{extra}/32", "dev", link], check=False)
         if old is None:
             os.environ.pop("RIGFLEET_ALLOW_API_KEY", None)
         else:
@@ -103,9 +107,11 @@ def test_outsider_is_dropped_and_the_gateway_still_connects(sandbox: Sandbox, de
     address = sandbox.address(RIG)
     rules = rig(sandbox, f"iptables -S {CHAIN}").stdout
     assert f"-A {CHAIN} -s {gateway(sandbox)}/32 " in rules and "-j DROP" in rules, rules
+    assert f"-A {CHAIN} -s {MONITOR}/32 " in rules, rules
     assert connects(address, deployed, gateway(sandbox))
     assert "Paris" in chat(address, deployed)
     assert not connects(address, deployed, OUTSIDER)
+    assert connects(address, deployed, MONITOR)  # the second allowed host, right after the drop
     drops = rig(sandbox, f"iptables -L {CHAIN} -v -n -x").stdout
     dropped = [line.split() for line in drops.splitlines() if " DROP " in f" {line} "]
     assert dropped and int(dropped[0][0]) > 0, drops  # the DROP rule counted the outsider's SYNs
@@ -124,6 +130,7 @@ def test_rules_survive_a_docker_restart(sandbox: Sandbox, deployed: int) -> None
     assert waited.returncode == 0, waited.stderr
     assert not connects(sandbox.address(RIG), deployed, OUTSIDER)
     assert connects(sandbox.address(RIG), deployed, gateway(sandbox))
+    assert connects(sandbox.address(RIG), deployed, MONITOR)
 
 
 def test_without_api_allow_the_rules_are_removed(sandbox: Sandbox, inventory: Path, values: dict[str, Any],
