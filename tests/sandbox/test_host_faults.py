@@ -1,0 +1,319 @@
+"""Host faults on one fresh SIMULATED rig, injected at a fixed moment of a real deploy.
+
+1. The rig REBOOTS in the middle of the driver install: a hard reboot (`systemctl reboot --force
+   --force` inside it, the reset button) the moment apt's dpkg unpacks or configures the NVIDIA
+   stand-in packages (the `apt-get install nvidia-open=...` of the nvidia_driver role is running and
+   so is its `dpkg --unpack/--configure`); the sandbox supervisor boots it again. The re-run
+   finishes the interrupted dpkg run and converges: no half-installed package, driver holds
+   complete, both GPUs seen; a further run changes nothing.
+2. POWER IS CUT during the image build of a re-pin (`manager.power_off` the moment `docker build`
+   of the new pin set's image runs on the rig; powered on by the test). After power-on the previous
+   release serves again (Docker restarts it), no image carries the new tag, no build was recorded,
+   the ledger still names the previous release with no new attempt; the next deploy builds the image
+   (one line in the build ledger), swaps, passes its gate and the ledger records the swap.
+
+The host watches the rig's processes through /proc (the rig's PID namespace) so that the fault
+lands at that moment and not a poll later. Run under the slot wrapper:
+    /work/coord/e2e pytest tests/sandbox/test_host_faults.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigfleet import render
+from rigfleet.loader import load_fleet
+from rigfleet.release import resolve
+from rigfleet.rigstate import BUILDS_LEDGER
+from rigfleet_sandbox import manager
+from rigfleet_sandbox.layout import RigSpec
+from rigfleet_sandbox.supervisor import read_boots, read_state
+from tests import REPO_ROOT
+
+from .conftest import Sandbox, chat_completion, group_pinset, module_inventory
+
+RIG = "rig-01"
+SANDBOX_RIGS = 1
+SANDBOX_FRESH = True  # the reboot hits the first converge, where apt installs the driver
+HOST_LAYER = "tests/sandbox/host_layer_deploy.py"
+DEPLOY_TIMEOUT_S = 1800
+SEEN_TIMEOUT_S = 900
+HALT_TIMEOUT_S = 180  # fault -> pyinfra exits; longer is a hang (a silent rig is noticed in ~60 s)
+BACK_TIMEOUT_S = 180
+SERVE_AGAIN_TIMEOUT_S = 300
+DRIVER_HELD = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda"}
+LEDGER = "/var/lib/rigfleet/ledger.json"
+OTHER_PINSET = "sandbox-b"
+API_KEY = "sk-rigfleet-hostfaults-" + os.urandom(8).hex()
+KEY_ENV = "RIGFLEET_HOSTFAULTS_API_KEY"
+
+pytestmark = pytest.mark.sandbox
+seen: dict[str, Any] = {}
+
+
+def pinset_a(sandbox: Sandbox) -> str:
+    return group_pinset(sandbox)
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    assert pinset_a(sandbox) != OTHER_PINSET
+    return module_inventory(sandbox, tmp_path_factory, pinsets=sorted({pinset_a(sandbox), OTHER_PINSET}))
+
+
+def host_vars(sandbox: Sandbox, inventory: Path, **values: Any) -> None:
+    base = {"gate_timeout_s": 120, "variant": "tq3-nomtp", "bind_address": sandbox.address(RIG),
+            "api_key": {"env": KEY_ENV}}
+    (inventory / "host_vars" / f"{RIG}.yml").write_text(yaml.safe_dump({**base, **values}))
+
+
+def bin_path(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def env(inventory: Path) -> dict[str, str]:
+    return {**os.environ, "RIGFLEET_INVENTORY": str(inventory), KEY_ENV: API_KEY, "COLUMNS": "200"}
+
+
+def argv(deploy_file: str) -> list[str]:
+    return [bin_path("pyinfra"), "-y", "--json", "inventory.py", deploy_file]
+
+
+def deploy(inventory: Path, deploy_file: str = "deploy.py") -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv(deploy_file), cwd=REPO_ROOT, env=env(inventory), capture_output=True, text=True,
+                          timeout=DEPLOY_TIMEOUT_S)
+    print(f"$ pyinfra {deploy_file} -> exit {proc.returncode}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def changes(proc: subprocess.CompletedProcess[str]) -> int:
+    return int(json.loads(proc.stdout)["results"]["totals"]["success"])
+
+
+def rig(sandbox: Sandbox, command: str, check: bool = True) -> str:
+    return sandbox.ssh(RIG, f"sudo sh -c {shlex.quote(command)}", check=check, timeout=300).stdout
+
+
+def rig_init() -> int:
+    init = next(s.init_pid for s in manager.status() if s.name == RIG)
+    assert init, f"{RIG} is not running"
+    return init
+
+
+def boot_id(sandbox: Sandbox) -> str | None:
+    proc = sandbox.ssh(RIG, "cat /proc/sys/kernel/random/boot_id", check=False, timeout=20)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def rig_processes(init: int) -> list[list[bytes]]:
+    """The argv of every process in the PID namespace of the rig whose init is `init`."""
+    try:
+        ns = os.readlink(f"/proc/{init}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "pid") == ns:
+                found.append((entry / "cmdline").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+    return found
+
+
+def dpkg_installing_the_driver(init: int) -> str | None:
+    """apt's dpkg unpacking or configuring while the driver's `apt-get install nvidia-open=...` runs."""
+    procs = rig_processes(init)
+    if not any(any(b"apt-get" in arg for arg in args) and any(b"nvidia-open=" in arg for arg in args)
+               for args in procs):
+        return None
+    for args in procs:
+        if args and os.path.basename(args[0]) == b"dpkg" and {b"--unpack", b"--configure"} & set(args):
+            return b" ".join(args).decode(errors="replace").strip()
+    return None
+
+
+def docker_building(tag: str) -> Callable[[int], str | None]:
+    def building(init: int) -> str | None:
+        for args in rig_processes(init):
+            if len(args) > 2 and os.path.basename(args[0]) == b"docker" and args[1] == b"build" \
+                    and tag.encode() in args:
+                return b" ".join(args).decode(errors="replace").strip()
+        return None
+    return building
+
+
+def deploy_with_fault(inventory: Path, deploy_file: str, moment: Callable[[int], str | None],
+                      inject: Callable[[int], None], tmp_path: Path) -> tuple[str, int, str]:
+    """Start the deploy, `inject(rig init)` the moment `moment(rig init)` says; returns (what was
+    running then, the deploy's exit status, its output). Fails if the moment never comes or the
+    deploy is still running HALT_TIMEOUT_S after the fault."""
+    init = rig_init()
+    out_path = tmp_path / "deploy.out"
+    with open(out_path, "wb") as out:
+        proc = subprocess.Popen(argv(deploy_file), cwd=REPO_ROOT, env=env(inventory), stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        running = None
+        deadline = time.monotonic() + SEEN_TIMEOUT_S
+        while running is None and proc.poll() is None and time.monotonic() < deadline:
+            running = moment(init)
+            if running is None:
+                time.sleep(0.02)
+        assert running, f"the moment never came (deploy exit {proc.poll()}): {out_path.read_text()[-3000:]}"
+        print(f"fault injected while the rig ran: {running}")
+        inject(init)
+        try:
+            code = proc.wait(timeout=HALT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the deploy still runs {HALT_TIMEOUT_S} s after the fault (a hang)")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = out_path.read_text()
+    print(f"deploy -> exit {code}\n{output[-4000:]}")
+    return running, code, output
+
+
+def hard_reboot(init: int) -> None:
+    subprocess.run(["nsenter", "-t", str(init), "-a", "systemctl", "reboot", "--force", "--force"],
+                   capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_reboot_in_the_middle_of_the_driver_install_then_a_rerun_converges(sandbox: Sandbox, inventory: Path,
+                                                                          tmp_path: Path) -> None:
+    host_vars(sandbox, inventory)
+    booted = boot_id(sandbox)
+    reboots = sum(1 for r in read_boots(RigSpec.from_name(RIG)) if r.get("exit") == 133)
+    running, code, output = deploy_with_fault(inventory, HOST_LAYER, dpkg_installing_the_driver, hard_reboot,
+                                              tmp_path)
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    deadline = time.monotonic() + BACK_TIMEOUT_S
+    while (now := boot_id(sandbox)) in (None, booted) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert now not in (None, booted), f"{RIG} did not come back from its reboot"
+    assert sum(1 for r in read_boots(RigSpec.from_name(RIG)) if r.get("exit") == 133) == reboots + 1
+    left = rig(sandbox, "dpkg --audit; ls -A /var/lib/dpkg/updates; "
+                        "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' 'nvidia*' 2>/dev/null; true", check=False)
+    print(f"what the reboot left (dpkg --audit, pending updates, nvidia* states):\n{left}")
+    audit = rig(sandbox, "dpkg --audit; ls -A /var/lib/dpkg/updates", check=False).strip()
+    installed = rig(sandbox, "dpkg-query -W -f '${db:Status-Abbrev}' nvidia-open 2>/dev/null; true", check=False)
+    assert audit or not installed.startswith("ii"), "the reboot came after the driver install (nothing interrupted)"
+
+    rerun = deploy(inventory, HOST_LAYER)
+    assert rerun.returncode == 0, "the re-run after the reboot failed (its log is above)"
+    assert rig(sandbox, "dpkg --audit; ls -A /var/lib/dpkg/updates").strip() == ""
+    states = rig(sandbox, "dpkg-query -W -f '${db:Status-Abbrev} ${Package}\\n' 'nvidia*' 2>/dev/null; true")
+    assert all(line.startswith(("ii", "un")) for line in states.splitlines()), states  # none half-installed
+    assert set(rig(sandbox, "apt-mark showhold").split()) >= DRIVER_HELD
+    leftovers = rig(sandbox, "find /etc /usr/lib/systemd -name '*.dpkg-new' -o -name '*.dpkg-tmp' 2>/dev/null; true")
+    assert leftovers.strip() == ""
+    assert rig(sandbox, "nvidia-smi -L").count("GPU ") == 2
+    again = deploy(inventory, HOST_LAYER)
+    assert again.returncode == 0 and changes(again) == 0, "a further run changes nothing"
+
+
+def serving(sandbox: Sandbox) -> tuple[str, str]:
+    """(release id, container id) of the one running rigfleet container."""
+    out = rig(sandbox, "docker ps --filter label=io.rigfleet.release --format "
+                       "'{{.Label \"io.rigfleet.release\"}} {{.ID}}'").split()
+    assert len(out) == 2, out
+    return out[0], out[1]
+
+
+def ledger(sandbox: Sandbox) -> dict[str, Any]:
+    return dict(json.loads(rig(sandbox, f"cat {LEDGER}")))
+
+
+def port(inventory: Path) -> int:
+    fleet = load_fleet(inventory)
+    return resolve(fleet, fleet.rig(RIG)).port
+
+
+def answers_within(sandbox: Sandbox, inventory: Path, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return chat_completion(sandbox.address(RIG), port(inventory), API_KEY, max_tokens=20)
+        except (OSError, urllib.error.URLError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(3)
+
+
+def builds_of(sandbox: Sandbox, tag: str) -> int:
+    lines = rig(sandbox, f"cat {BUILDS_LEDGER} 2>/dev/null; true").splitlines()
+    return sum(1 for line in lines if line.strip() and json.loads(line)["tag"] == tag)
+
+
+@pytest.fixture(scope="module")
+def serving_a(sandbox: Sandbox, inventory: Path) -> str:
+    """The rig serving pin set A after one full deploy; its release id."""
+    host_vars(sandbox, inventory, pinset=pinset_a(sandbox))
+    rig(sandbox, "mkdir -p /srv/models/chat-templates && { [ -s /srv/models/chat-templates/froggeric.jinja ] || "
+                 "echo '{{ messages }}' > /srv/models/chat-templates/froggeric.jinja; }")
+    proc = deploy(inventory)
+    assert proc.returncode == 0, "the full deploy failed (its log is above)"
+    release, _ = serving(sandbox)
+    assert ledger(sandbox)["current"]["release_id"] == release
+    return release
+
+
+def test_power_cut_during_the_image_build_then_the_previous_release_serves_and_the_next_deploy_swaps(
+        sandbox: Sandbox, inventory: Path, serving_a: str, tmp_path: Path) -> None:
+    before = ledger(sandbox)
+    release, container = serving(sandbox)
+    assert release == serving_a
+    tag = render.image_tag(load_fleet(inventory).pinsets[OTHER_PINSET])
+    assert rig(sandbox, f"docker image inspect {shlex.quote(tag)} >/dev/null 2>&1 && echo yes || echo no").strip() \
+        == "no", "the new pin set's image must still be built"
+    host_vars(sandbox, inventory, pinset=OTHER_PINSET)
+
+    def cut(_: int) -> None:
+        time.sleep(1)  # a second into the build: the context sent, a step running
+        manager.power_off(RIG, log=print)
+
+    try:
+        running, code, output = deploy_with_fault(inventory, "deploy.py", docker_building(tag), cut, tmp_path)
+        assert read_state(RigSpec.from_name(RIG)).get("state") == "stopped", f"{RIG} did not stay off"
+    finally:
+        if read_state(RigSpec.from_name(RIG)).get("state") == "stopped":
+            manager.power_on(RIG, log=print)
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    print(f"the power cut hit: {running}")
+
+    # powered on: the previous release serves again (Docker restarts it), nothing half-built is tagged
+    assert "Paris" in answers_within(sandbox, inventory, SERVE_AGAIN_TIMEOUT_S)
+    assert serving(sandbox)[0] == release
+    assert rig(sandbox, f"docker image inspect {shlex.quote(tag)} >/dev/null 2>&1 && echo yes || echo no").strip() \
+        == "no", "a cut build left an image under the new tag"
+    assert builds_of(sandbox, tag) == 0
+    after_cut = ledger(sandbox)
+    assert after_cut["current"] == before["current"] and after_cut["attempts"] == before["attempts"], after_cut
+
+    # the next deploy builds the image, swaps and the ledger records the swap
+    proc = deploy(inventory)
+    assert proc.returncode == 0, "the deploy after power-on failed (its log is above)"
+    assert builds_of(sandbox, tag) == 1
+    new_release, _ = serving(sandbox)
+    book = ledger(sandbox)
+    assert new_release != release and book["current"]["release_id"] == new_release, book["current"]
+    assert book["current"]["pinset"] == OTHER_PINSET
+    assert book["attempts"][-1]["result"] == "passed" and len(book["attempts"]) == len(before["attempts"]) + 1
+    assert "Paris" in answers_within(sandbox, inventory, 60)
+    assert container not in rig(sandbox, "docker ps -q")
