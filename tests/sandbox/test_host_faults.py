@@ -11,6 +11,13 @@
    release serves again (Docker restarts it), no image carries the new tag, no build was recorded,
    the ledger still names the previous release with no new attempt; the next deploy builds the image
    (one line in the build ledger), swaps, passes its gate and the ledger records the swap.
+3. The pinned base-image TAG HAS VANISHED UPSTREAM: the rig reaches no upstream registry at all
+   (the sandbox has none: every pull from upstream fails, as for a tag deleted there), and the fleet
+   registry holds the pinned base by digest only (the test pushes the base it loaded from the
+   archive to the fleet registry and takes the pin's digest from the registry's answer). A pin set
+   with that digest and no archive deploys with the registry's copy, pulled BY DIGEST, and serves;
+   a pin set whose digest neither has is refused with the message that names the fix, nothing
+   stopped, no swap attempted. No pull ever names the bare tag.
 
 The host watches the rig's processes through /proc (the rig's PID namespace) so that the fault
 lands at that moment and not a poll later. Run under the slot wrapper:
@@ -317,3 +324,68 @@ def test_power_cut_during_the_image_build_then_the_previous_release_serves_and_t
     assert book["attempts"][-1]["result"] == "passed" and len(book["attempts"]) == len(before["attempts"]) + 1
     assert "Paris" in answers_within(sandbox, inventory, 60)
     assert container not in rig(sandbox, "docker ps -q")
+
+
+def base_pinset(inventory: Path, name: str, digest: str) -> dict[str, Any]:
+    """OTHER_PINSET with the base image by `digest` and no archive, written into the inventory as `name`."""
+    path = inventory / "pinsets.yml"
+    pinsets = yaml.safe_load(path.read_text())
+    pin = json.loads(json.dumps(pinsets[OTHER_PINSET]))
+    pin["base_image"] = {"repository": pin["base_image"]["repository"], "tag": pin["base_image"]["tag"],
+                         "digest": digest}
+    pinsets[name] = pin
+    path.write_text(yaml.safe_dump(pinsets))
+    return pin
+
+
+def test_a_base_tag_gone_upstream_comes_from_the_fleet_registry_by_digest_or_is_refused(
+        sandbox: Sandbox, inventory: Path, serving_a: str) -> None:
+    fleet = load_fleet(inventory)
+    registry = fleet.rig(RIG).registry
+    assert registry, "the sandbox inventory names a fleet registry"
+    base = fleet.pinsets[OTHER_PINSET].base_image
+    ref, mirror = f"{base.repository}:{base.tag}", f"{registry}/{base.repository}:{base.tag}"
+    # the fleet registry gets the pinned base (as an operator mirrors it); its digest is the registry's
+    assert rig(sandbox, f"docker image inspect {shlex.quote(ref)} >/dev/null && echo yes", check=False).strip() \
+        == "yes", f"the base {ref} should be on the rig after the re-pin to {OTHER_PINSET}"
+    rig(sandbox, f"docker tag {shlex.quote(ref)} {shlex.quote(mirror)} && docker push -q {shlex.quote(mirror)}")
+    digests = rig(sandbox, "docker image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "
+                           + shlex.quote(mirror)).split()
+    [digest] = {d.split("@", 1)[1] for d in digests if d.startswith(f"{registry}/{base.repository}@")}
+    # ... and the rig forgets it, so the deploy must fetch it (the built images keep their layers)
+    image_id = rig(sandbox, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(ref)}").strip()
+    rig(sandbox, f"docker rmi -f {image_id} >/dev/null")
+    assert rig(sandbox, f"docker image inspect {shlex.quote(ref)} >/dev/null 2>&1 && echo yes || echo no").strip() \
+        == "no"
+    before = ledger(sandbox)
+
+    # neither the registry nor upstream has the digest: refused clearly, nothing stopped
+    base_pinset(inventory, "sandbox-gone", "sha256:" + os.urandom(32).hex())
+    host_vars(sandbox, inventory, pinset="sandbox-gone")
+    refused = deploy(inventory)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Traceback" not in out
+    assert "is in neither the fleet registry" in out and f"never replaced by what the tag {base.tag} means now" \
+        in out, out[-3000:]
+    assert RIG in out
+    assert ledger(sandbox)["attempts"] == before["attempts"] and serving(sandbox)[0] == before["current"]["release_id"]
+    assert "Paris" in answers_within(sandbox, inventory, 60)
+
+    # the registry holds the digest: the deploy uses its copy by digest and swaps
+    base_pinset(inventory, "sandbox-mirrored", digest)
+    host_vars(sandbox, inventory, pinset="sandbox-mirrored")
+    proc = deploy(inventory)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, "the deploy from the registry's copy failed (its log is above)"
+    assert f"base image: {registry}/{base.repository}@{digest} from the fleet registry" in out, out[-3000:]
+    book = ledger(sandbox)
+    assert book["current"]["pinset"] == "sandbox-mirrored" and book["attempts"][-1]["result"] == "passed"
+    tag = render.image_tag(load_fleet(inventory).pinsets["sandbox-mirrored"])
+    logs = rig(sandbox, "cat /var/log/rigfleet/image-build-*.log 2>/dev/null; true")
+    pulls = [line for line in (logs + out).splitlines() if "docker pull" in line]
+    assert pulls and all("@sha256:" in line for line in pulls), pulls  # never the bare tag
+    repo_digests = rig(sandbox, "docker image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "
+                                + shlex.quote(ref))
+    assert f"@{digest}" in repo_digests, repo_digests
+    assert rig(sandbox, f"docker image inspect {shlex.quote(tag)} >/dev/null && echo yes").strip() == "yes"
+    assert "Paris" in answers_within(sandbox, inventory, 60)
