@@ -377,11 +377,12 @@ def test_a_base_tag_gone_upstream_comes_from_the_fleet_registry_by_digest_or_is_
     proc = deploy(inventory)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, "the deploy from the registry's copy failed (its log is above)"
-    assert f"base image: {registry}/{base.repository}@{digest} from the fleet registry" in out, out[-3000:]
     book = ledger(sandbox)
     assert book["current"]["pinset"] == "sandbox-mirrored" and book["attempts"][-1]["result"] == "passed"
     tag = render.image_tag(load_fleet(inventory).pinsets["sandbox-mirrored"])
-    logs = rig(sandbox, "cat /var/log/rigfleet/image-build-*.log 2>/dev/null; true")
+    logs = rig(sandbox, "cat /var/log/rigfleet/image-build-*.log 2>/dev/null; true")  # `say` lines land there
+    print(f"build logs:\n{logs[-3000:]}")
+    assert f"base image: {registry}/{base.repository}@{digest} from the fleet registry" in logs + out
     pulls = [line for line in (logs + out).splitlines() if "docker pull" in line]
     assert pulls and all("@sha256:" in line for line in pulls), pulls  # never the bare tag
     repo_digests = rig(sandbox, "docker image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "
