@@ -67,9 +67,12 @@ def image_context(pinset: PinSet) -> dict[str, Any]:
         # the patch-tree kind's build/boot data (catalog/patch_trees.yaml); None without a tree
         "tree": catalog.patch_tree_kinds()[pinset.genesis.kind] if pinset.genesis else None,
         "base_ref": pinned,
-        # `docker load` keeps no repo digest, so an archive base is built FROM its tag; the
-        # vllm_image role checks the loaded image ID against the digest right before the build.
-        "from_ref": base.ref if base.archive else pinned,
+        # built FROM the local tag, whatever route the base took: `docker load` keeps no repo
+        # digest, and a base pulled from the fleet registry is known locally only as
+        # <registry>/<repository>@<digest>, so `FROM <repository>:<tag>@<digest>` would resolve
+        # upstream (a vanished tag fails the build). The build step checks the local tag against
+        # the pin's digest right before `docker build --pull=false`; a missing or moved tag fails it.
+        "from_ref": base.ref,
         "python_deps": sorted(pinset.python_deps.items()),
         "wheels": sorted(wheel_deps(pinset).items()),
         "build_argv": ["/bin/sh", BUILD_SCRIPT, pinset.vllm_version,

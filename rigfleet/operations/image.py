@@ -350,14 +350,28 @@ def context_files(tag: str, rendered: dict[str, str]) -> Commands:
 
 
 @operation()
-def image_built(tag: str, labels: dict[str, str], registry: str | None = None) -> Commands:
+def image_built(tag: str, labels: dict[str, str], registry: str | None = None, base: ImageRef | None = None
+                ) -> Commands:
     """`docker build -t TAG` of the verified build dir; one ledger line per build; the build dir
     is removed after a successful build (a failed one keeps it, with its verified steps, for the
-    rerun). Pushes to the fleet registry when there is one (a failed push only warns)."""
+    rerun). Pushes to the fleet registry when there is one (a failed push only warns). The
+    Dockerfile builds FROM the base's local tag: with `base`, that tag is checked against the pin's
+    digest first, so a tag that went missing or moved fails here and is never pulled."""
     if _image_exists(tag):
         host.noop(f"image {tag} exists")
         return
     build, log = build_dir(tag), build_log(tag)
+    base_check = []
+    if base is not None and base.digest:
+        base_check = [
+            f"id=$(docker image inspect --format '{{{{.Id}}}}' {q(base.ref)} 2>/dev/null || true)",
+            f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}{{{{.}}}} {{{{end}}}}' "
+            f"{q(base.ref)} 2>/dev/null || true)",
+            f'case " $id $digests " in *" {base.digest} "*|*"@{base.digest} "*) ;; *)',
+            f'  fail "image {dq(tag)}: the base {dq(base.ref)} on the rig is ${{id:-missing}}, the pin set says '
+            f'{base.digest}; not building on it (the next converge fetches it again)";;',
+            "esac",
+        ]
     label_args = " ".join(f"--label {q(f'{k}={v}')}" for k, v in sorted(labels.items()))
     push = []
     if registry:
@@ -370,6 +384,7 @@ def image_built(tag: str, labels: dict[str, str], registry: str | None = None) -
         ]
     yield script(
         f"image {tag}: docker build", log,
+        *base_check,
         'started=$(date -u +%Y-%m-%dT%H:%M:%SZ); t0=$(date +%s)',
         f"say {q(f'image {tag}: docker build (log: {log})')}",
         f'docker build --pull=false -t {q(tag)} --label "io.rigfleet.built-at=$started" '

@@ -61,4 +61,5 @@ def vllm_image(ctx: RigContext) -> None:
     image.wheels_fetched(name="Python deps: download wheels", tag=tag, from_ref=pinset.base_image.ref,
                          deps=render.wheel_deps(pinset), index_url=pinset.pip_index_url)
     image.context_files(name="Dockerfile and entrypoint", tag=tag, rendered=render.image_files(pinset))
-    image.image_built(name=f"Build {tag}", tag=tag, labels=provenance_labels(ctx, tag), registry=ctx.rig.registry)
+    image.image_built(name=f"Build {tag}", tag=tag, labels=provenance_labels(ctx, tag), registry=ctx.rig.registry,
+                      base=pinset.base_image)

@@ -1,9 +1,10 @@
 """Host faults on one fresh SIMULATED rig, injected at a fixed moment of a real deploy.
 
 1. The rig REBOOTS in the middle of the driver install: a hard reboot (`systemctl reboot --force
-   --force` inside it, the reset button) the moment apt's dpkg unpacks or configures the NVIDIA
-   stand-in packages (the `apt-get install nvidia-open=...` of the nvidia_driver role is running and
-   so is its `dpkg --unpack/--configure`); the sandbox supervisor boots it again. The re-run
+   --force` inside it, the reset button) from a one-shot dpkg pre-invoke hook, the moment apt calls
+   dpkg to configure while nvidia-open and the driver packages it pulled are unpacked but not
+   configured (the nvidia_driver role's `apt-get install nvidia-open=...`); the sandbox supervisor
+   boots it again. The re-run
    finishes the interrupted dpkg run and converges: no half-installed package, driver holds
    complete, both GPUs seen; a further run changes nothing.
 2. POWER IS CUT during the image build of a re-pin (`manager.power_off` the moment `docker build`
@@ -19,8 +20,8 @@
    a pin set whose digest neither has is refused with the message that names the fix, nothing
    stopped, no swap attempted. No pull ever names the bare tag.
 
-The host watches the rig's processes through /proc (the rig's PID namespace) so that the fault
-lands at that moment and not a poll later. Run under the slot wrapper:
+For the power cut the host watches the rig's processes through /proc (the rig's PID namespace):
+`docker build` runs for seconds, a poll catches it. Run under the slot wrapper:
     /work/coord/e2e pytest tests/sandbox/test_host_faults.py
 """
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -62,6 +64,18 @@ BACK_TIMEOUT_S = 180
 SERVE_AGAIN_TIMEOUT_S = 300
 DRIVER_HELD = {"nvidia-driver-pinning-580", "nvidia-open", "nvidia-kernel-open-dkms", "nvidia-driver-cuda"}
 LEDGER = "/var/lib/rigfleet/ledger.json"
+REBOOT_HOOK = "/run/rigfleet-test-reboot-hook.sh"  # tmpfs: gone with the reboot
+REBOOT_HOOK_CONF = "/etc/dpkg/dpkg.cfg.d/zz-rigfleet-test-reboot"
+REBOOT_MARKER = "/var/lib/rigfleet-test-reboot.marker"
+REBOOT_HOOK_SOURCE = f"""#!/bin/sh
+[ "${{DPKG_HOOK_ACTION:-}}" = configure ] || exit 0
+case "$(dpkg-query -W -f '${{db:Status-Abbrev}}' nvidia-open 2>/dev/null)" in iU*) ;; *) exit 0;; esac
+rm -f {REBOOT_HOOK_CONF}
+dpkg-query -W -f '${{db:Status-Abbrev}} ${{Package}}\\n' 'nvidia*' > {REBOOT_MARKER}.part
+mv {REBOOT_MARKER}.part {REBOOT_MARKER}
+systemctl reboot --force --force
+sleep 60
+"""
 OTHER_PINSET = "sandbox-b"
 API_KEY = "sk-rigfleet-hostfaults-" + os.urandom(8).hex()
 KEY_ENV = "RIGFLEET_HOSTFAULTS_API_KEY"
@@ -142,16 +156,22 @@ def rig_processes(init: int) -> list[list[bytes]]:
     return found
 
 
-def dpkg_installing_the_driver(init: int) -> str | None:
-    """apt's dpkg unpacking or configuring while the driver's `apt-get install nvidia-open=...` runs."""
-    procs = rig_processes(init)
-    if not any(any(b"apt-get" in arg for arg in args) and any(b"nvidia-open=" in arg for arg in args)
-               for args in procs):
+def install_reboot_hook(sandbox: Sandbox) -> None:
+    """A dpkg hook on the rig that hard-reboots it once, the moment dpkg is invoked to configure while
+    nvidia-open is unpacked but not configured (the driver packages half-installed); it removes
+    itself first and leaves a marker with dpkg's view of the packages. Polling from the host is too
+    slow for this: the stand-in packages unpack in milliseconds."""
+    rig(sandbox, f"cat > {REBOOT_HOOK} <<'EOF'\n{REBOOT_HOOK_SOURCE}EOF\n"
+                 f"chmod 0755 {REBOOT_HOOK}; rm -f {REBOOT_MARKER}; "
+                 f"echo 'pre-invoke={REBOOT_HOOK}' > {REBOOT_HOOK_CONF}")
+
+
+def rebooted_by_the_hook(_: int) -> str | None:
+    marker = RigSpec.from_name(RIG).root / REBOOT_MARKER.lstrip("/")
+    try:
+        return "dpkg about to configure, packages then:\n" + marker.read_text()
+    except OSError:
         return None
-    for args in procs:
-        if args and os.path.basename(args[0]) == b"dpkg" and {b"--unpack", b"--configure"} & set(args):
-            return b" ".join(args).decode(errors="replace").strip()
-    return None
 
 
 def docker_building(tag: str) -> Callable[[int], str | None]:
@@ -197,18 +217,18 @@ def deploy_with_fault(inventory: Path, deploy_file: str, moment: Callable[[int],
     return running, code, output
 
 
-def hard_reboot(init: int) -> None:
-    subprocess.run(["nsenter", "-t", str(init), "-a", "systemctl", "reboot", "--force", "--force"],
-                   capture_output=True, text=True, timeout=30, check=False)
-
-
 def test_reboot_in_the_middle_of_the_driver_install_then_a_rerun_converges(sandbox: Sandbox, inventory: Path,
                                                                           tmp_path: Path) -> None:
     host_vars(sandbox, inventory)
     booted = boot_id(sandbox)
     reboots = sum(1 for r in read_boots(RigSpec.from_name(RIG)) if r.get("exit") == 133)
-    running, code, output = deploy_with_fault(inventory, HOST_LAYER, dpkg_installing_the_driver, hard_reboot,
-                                              tmp_path)
+    install_reboot_hook(sandbox)
+    try:
+        running, code, output = deploy_with_fault(inventory, HOST_LAYER, rebooted_by_the_hook, lambda _: None,
+                                                  tmp_path)
+    finally:
+        sandbox.ssh(RIG, f"sudo rm -f {REBOOT_HOOK_CONF}", check=False, timeout=60)
+    assert re.search(r"^iU\s+nvidia-open$", running, re.M), running  # unpacked, not configured
     assert code != 0 and "Traceback" not in output, output[-3000:]
     deadline = time.monotonic() + BACK_TIMEOUT_S
     while (now := boot_id(sandbox)) in (None, booted) and time.monotonic() < deadline:
@@ -346,8 +366,9 @@ def test_a_base_tag_gone_upstream_comes_from_the_fleet_registry_by_digest_or_is_
     base = fleet.pinsets[OTHER_PINSET].base_image
     ref, mirror = f"{base.repository}:{base.tag}", f"{registry}/{base.repository}:{base.tag}"
     # the fleet registry gets the pinned base (as an operator mirrors it); its digest is the registry's
-    assert rig(sandbox, f"docker image inspect {shlex.quote(ref)} >/dev/null && echo yes", check=False).strip() \
-        == "yes", f"the base {ref} should be on the rig after the re-pin to {OTHER_PINSET}"
+    # on the rig since the power-cut test's re-pin; run alone, loaded here from the pin set's archive
+    rig(sandbox, f"docker image inspect {shlex.quote(ref)} >/dev/null 2>&1 || "
+                 f"curl -fsS {shlex.quote(str(base.archive))} | docker load -q")
     rig(sandbox, f"docker tag {shlex.quote(ref)} {shlex.quote(mirror)} && docker push -q {shlex.quote(mirror)}")
     digests = rig(sandbox, "docker image inspect --format '{{range .RepoDigests}}{{.}} {{end}}' "
                            + shlex.quote(mirror)).split()
