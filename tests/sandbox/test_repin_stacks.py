@@ -1,0 +1,133 @@
+"""One SIMULATED rig re-pinned across the shipped stacks through `rigfleet repin`, in file order:
+the seed pin set (the real Genesis v7.72.2 tree cloned through the mirror map from the real
+repository's git bundle), the stock v0.27.1 pin set (no patch tree), the SNDR v12 pin set (the real
+v12.0.0 tree, installed editable from the sandbox's index of real wheels) and back to the seed;
+after each, a second `rigfleet repin` changes nothing. Each leg starts from whatever the rig's
+ledger says it serves (a leg whose gate failed leaves the rig on its previous release).
+
+The pin sets are the shipped ones with only what a sandbox cannot have replaced
+(rigfleet_sandbox.stacks: stand-in base images of the real tags and vLLM versions, the sandbox's
+overlay files, its package index). The engine that serves is SIMULATED.
+
+Run it under the sandbox slot wrapper:
+    /work/coord/e2e .venv/bin/pytest -q -p no:cacheprovider tests/sandbox/test_repin_stacks.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigfleet_sandbox import layout, stacks
+from tests import REPO_ROOT
+from tests.upstream.conftest import TREE_SOURCE, shared_mirror
+
+from .conftest import Sandbox, module_inventory
+from .test_serving import bin_path
+
+RIG = "rig-01"
+SANDBOX_RIGS = 1
+REPIN_TIMEOUT_S = 1500
+GATE_TIMEOUT_S = 180
+LEDGER = "/var/lib/rigfleet/ledger.json"
+SEED, STOCK, V12 = "seed-2026-05", "stock-v0-27-1", "sndr-v12"
+SEED_TREE, V12_TREE = "7b9fd3194ee6efa1644973383cd44ee5604a5d85", "7aa66f9ac6bc22b8e0d71cff75bf26ebbbd5ae97"
+LEGS = [(SEED, "tq3-nomtp"), (STOCK, "tq3-nomtp"), (V12, "tq3-mtp-sndr"), (SEED, "tq3-nomtp")]
+
+# Not yet seen passing: written in session 5, the sandbox slots were taken until its end. Run it
+# with RIGFLEET_RUN_REPIN_STACKS=1 and drop this guard once it passes (expected: the v12 leg's gate
+# fails, see README "The shipped stacks in the sandbox").
+pytestmark = [pytest.mark.sandbox,
+              pytest.mark.skipif(os.environ.get("RIGFLEET_RUN_REPIN_STACKS") != "1",
+                                 reason="not yet seen passing in the sandbox; RIGFLEET_RUN_REPIN_STACKS=1 runs it")]
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tarball = Path(sandbox.info.tarball)
+    os.environ.setdefault("RIGFLEET_UPSTREAM_CACHE", "/var/cache/rigfleet-test/upstream")
+    pinsets = stacks.build(layout.WWW_DIR, tarball, tarball.parent / "engine-cache")
+    inv = module_inventory(sandbox, tmp_path_factory, pinsets=[], group={"pinset": SEED, "variant": "tq3-nomtp"})
+    (inv / "pinsets.yml").write_text(yaml.safe_dump(pinsets, sort_keys=False))
+    bundle = shared_mirror() / "genesis-vllm-patches.bundle"
+    (inv / "mirrors.yml").write_text(yaml.safe_dump({"prefixes": {TREE_SOURCE: str(bundle)}}))
+    return inv
+
+
+def pin(inventory: Path, pinset: str, variant: str) -> None:
+    (inventory / "host_vars" / f"{RIG}.yml").write_text(yaml.safe_dump(
+        {"pinset": pinset, "variant": variant, "gate_timeout_s": GATE_TIMEOUT_S}))
+
+
+def repin(inventory: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory), "COLUMNS": "200"}
+    proc = subprocess.run([bin_path("rigfleet"), "repin", "--limit", RIG], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=REPIN_TIMEOUT_S)
+    print(f"$ rigfleet repin -> exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def current(sandbox: Sandbox) -> dict[str, Any]:
+    """The ledger's current release ({} on a rig that never served)."""
+    found = sandbox.ssh(RIG, f"sudo cat {LEDGER}", check=False)
+    return dict(json.loads(found.stdout).get("current") or {}) if found.returncode == 0 else {}
+
+
+def in_image(sandbox: Sandbox, image: str, script: str) -> subprocess.CompletedProcess[str]:
+    return sandbox.ssh(RIG, f"sudo docker run --rm --entrypoint sh {image} -c '{script}'", check=False)
+
+
+def label(sandbox: Sandbox, image: str, name: str) -> str:
+    fmt = "{{ index .Config.Labels \"" + name + "\" }}"
+    return sandbox.ssh(RIG, f"sudo docker image inspect --format '{fmt}' {image}").stdout.strip()
+
+
+def build_log(sandbox: Sandbox, image: str) -> str:
+    tag = image.rsplit(":", 1)[-1]
+    found = sandbox.ssh(RIG, f"sudo sh -c 'cat /var/log/rigfleet/image-build-*{tag}*.log'", check=False)
+    return found.stdout
+
+
+@pytest.mark.parametrize(("leg", "target"), list(enumerate(LEGS)), ids=[f"{i}-{p}" for i, (p, _) in enumerate(LEGS)])
+def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, inventory: Path, leg: int,
+                                                       target: tuple[str, str]) -> None:
+    pinset, variant = target
+    pin(inventory, pinset, variant)
+    before = current(sandbox)
+    first = repin(inventory)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "re-pin complete" in first.stdout
+    if before:  # the diff is worked out from the rig's own release record, no --from
+        assert f"{RIG}: from {before['pinset']}:{before['variant']} (its release record): " in first.stdout
+    now = current(sandbox)
+    assert (now["pinset"], now["variant"]) == (pinset, variant)
+    image = now["image"]
+    tree = label(sandbox, image, "io.rigfleet.genesis-commit")
+    if pinset == SEED:
+        assert tree == SEED_TREE
+        assert SEED_TREE in build_log(sandbox, image), "the build log names the real commit"
+        has = in_image(sandbox, image, "ls /usr/local/lib/python3*/dist-packages/vllm/_genesis/dispatcher.py")
+        assert has.returncode == 0, has.stderr
+    elif pinset == STOCK:
+        assert tree == "none"
+        gone = in_image(sandbox, image, "test ! -e /opt/rigfleet/patch-tree && "
+                                        "! ls -d /usr/local/lib/python3*/dist-packages/vllm/_genesis 2>/dev/null")
+        assert gone.returncode == 0, f"the patch tree is still in the stock image: {gone.stdout}"
+        assert now.get("gate_level"), "the gate passed and was recorded"
+    else:
+        assert tree == V12_TREE
+        assert V12_TREE in build_log(sandbox, image)
+        plugin = in_image(sandbox, image, 'python3 -c "import importlib.metadata as m; '
+                                          'print([e.value for e in m.entry_points(group=\\"vllm.general_plugins\\")])"')
+        assert "sndr.plugin:register" in plugin.stdout, plugin.stdout + plugin.stderr
+    second = repin(inventory)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert f"{RIG}: from {pinset}:{variant} (its release record): no change" in second.stdout
+    assert "(0 changes)" in second.stdout, second.stdout[-2000:]
+    assert current(sandbox)["release_id"] == now["release_id"]
