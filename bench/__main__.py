@@ -119,11 +119,21 @@ class Metric:
     values: list[float] = field(default_factory=list)
     target: str = ""
 
+    def met(self) -> str:
+        """'met' / 'NOT met' for the median against the target ('<= 1.5 s', '>= 5', '1'), else ''."""
+        found = re.fullmatch(r"\s*(<=|>=|<|>)?\s*([\d.]+).*", self.target)
+        if not found or not self.values:
+            return ""
+        value, bound = statistics.median(self.values), float(found.group(2))
+        ok = {"<=": value <= bound, ">=": value >= bound, "<": value < bound, ">": value > bound,
+              None: value == bound}[found.group(1)]
+        return "met" if ok else "NOT met"
+
     def row(self) -> list[str]:
         if not self.values:
-            return [self.name, "-", "-", "-", self.unit, self.target]
+            return [self.name, "-", "-", "-", self.unit, self.target, ""]
         return [self.name, *(f"{v:.2f}" for v in (min(self.values), statistics.median(self.values),
-                                                  max(self.values))), self.unit, self.target]
+                                                  max(self.values))), self.unit, self.target, self.met()]
 
 
 def sandbox_up(rigs: int) -> Fleet:
@@ -146,7 +156,8 @@ def children_cpu() -> float:
 
 
 LAST_CPU: list[float] = [0.0]
-COMMANDS_BY_ROLE: dict[str, int] = {}  # of the last 1-rig no-op  # control-host CPU of the last converge_timed
+COMMANDS_BY_ROLE: dict[str, int] = {}  # of the last 1-rig no-op
+PEER_TASK_SECONDS: dict[str, float] = {}  # of the last 1-rig peer run  # control-host CPU of the last converge_timed
 
 
 def converge_timed(fleet: Fleet, names: list[str], timer: BaseStateCallback | None = None) -> tuple[float, dict]:
@@ -216,7 +227,13 @@ def used_memory_mib() -> float:
     return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 1024
 
 
-def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None]) -> None:
+def rss_mib() -> float:
+    """This process's resident memory now (rigfleet's control side: connections, state, facts)."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None]) -> Fleet:
     """No-op converge of 1, 4, 8 and 16 rigs (--scale), rigfleet's own CPU per rig beside the wall:
     the rigs' sshd, dockerd and engines run on the same cores as the control process."""
     counts = sorted(int(c) for c in args.scale.split(","))
@@ -224,6 +241,7 @@ def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable
     say(f"scale: booting {counts[-1]} rigs and converging them")
     fleet = sandbox_up(counts[-1])
     names = [rig.name for rig in fleet.rigs]
+    rss = rss_mib()
     wall, _ = converge_timed(fleet, names)
     metric(f"scale: fresh converge of {counts[-1]} rigs", "s").values.append(wall)
     metric("  memory per converged rig (host view)", "MiB").values.append((used_memory_mib() - before) / len(names))
@@ -236,9 +254,12 @@ def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable
                 raise SystemExit(f"bench: a no-op converge of {count} rigs changed {changed} operations")
             metric(f"scale: no-op {count} rig(s): wall", "s").values.append(wall)
             metric(f"  control-host CPU per rig ({count})", "s", "<= 0.3 s").values.append(LAST_CPU[0] / count)
+        metric(f"  control process memory growth per rig ({counts[-1]})", "MiB").values.append(
+            (rss_mib() - rss) / len(names))
         first, last = (metric(f"scale: no-op {c} rig(s): wall", "s") for c in (counts[0], counts[-1]))
         metric(f"scale: no-op {counts[-1]} rigs / {counts[0]} rig", "ratio", "<= 1.5").values.append(
             last.values[-1] / first.values[-1])
+    return fleet
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metric], list[dict[str, float]]]:
@@ -270,32 +291,34 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
             metric("  everything else (build, engine start, gate, rigfleet)", "s").values.append(wall - waiting)
             slowest.append(dict(sorted(timer.seconds.items(), key=lambda item: -item[1])[:12]))
 
-    if "scale" not in skip:
-        scale(args, metric, say)
+    scaled = scale(args, metric, say) if "scale" not in skip else None
     if skip >= {"noop", "peer", "swap", "repin"}:
         return list(metrics.values()), slowest
-    say(f"booting {args.rigs} rigs and converging them")
-    fleet = sandbox_up(args.rigs)
-    all_rigs = [rig.name for rig in fleet.rigs]
-    converge_timed(fleet, all_rigs)
+    if scaled is not None and len(scaled.rigs) >= args.rigs:
+        fleet = scaled  # the scale section's rigs are converged already: its first --rigs serve here
+        all_rigs = [rig.name for rig in fleet.rigs][: args.rigs]
+    else:
+        say(f"booting {args.rigs} rigs and converging them")
+        fleet = sandbox_up(args.rigs)
+        all_rigs = [rig.name for rig in fleet.rigs]
+        converge_timed(fleet, all_rigs)
     if "peer" not in skip:
         from bench import peer
 
         say("the peer: ansible-core from its pin, inventory from the converged rigs")
         peer.prepare(fleet, all_rigs)
-        # the first run may install python3-apt (Ansible's apt module needs it; rigfleet does not):
-        # the peer's own bootstrap, outside the measured runs; the second must change nothing
-        for which in ("first", "second"):
+        # the first run would install python3-apt if the rig lacked it (Ansible's apt module needs
+        # it): the peer's own bootstrap, outside the measured runs, which must change nothing
+        for which in ("first",):
             settled = peer.run(all_rigs)
             Path(repo_root() / "out" / f"peer-{which}.log").write_text(settled.output)
             say(f"the peer's {which} run on the converged rigs: {peer.summary(settled)}")
             if settled.failed:
                 raise SystemExit(f"bench: the peer failed (out/peer-{which}.log)")
-        if settled.changed:
-            raise SystemExit("bench: the peer is no no-op on converged rigs (out/peer-second.log)")
         drift = peer.drift_check(fleet, "rig-01", "/etc/apt/apt.conf.d/51rigfleet-unattended-blacklist")
         if drift.changed < 1:
-            raise SystemExit(f"bench: the peer did not see a file edited by hand: {peer.summary(drift)}")
+            raise SystemExit(f"bench: the peer did not see a file edited by hand: {peer.summary(drift)} "
+                             "(out/peer-N/drift-check.log)")
         say(f"the peer sees a hand-edited file (--check --diff: changed={drift.changed})")
     for attempt in range(repeats):
         if "noop" in skip and "peer" in skip:
@@ -314,7 +337,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
                 metric("  bytes sent", "KiB").values.append(wire.bytes_sent / 1024)
                 COMMANDS_BY_ROLE.clear()
                 COMMANDS_BY_ROLE.update(wire.by_role)
-            if "peer" in skip or count == 2:
+            if "peer" in skip or str(count) not in args.peer_rigs.split(","):
                 continue
             cpu = children_cpu()
             ran = peer.run(all_rigs[:count])
@@ -322,6 +345,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
                 raise SystemExit(f"bench: the peer's no-op on {count} rig(s): {peer.summary(ran)}")
             metric(f"Ansible peer no-op, {count} rig(s): wall", "s").values.append(ran.wall)
             metric("  its control-host CPU per rig", "s").values.append((children_cpu() - cpu) / count)
+            if count == 1:
+                PEER_TASK_SECONDS.clear()
+                PEER_TASK_SECONDS.update(ran.task_seconds)
             metric(f"Ansible peer / rigfleet, {count} rig(s)", "ratio", ">= 5" if count == 1 else "").values.append(
                 ran.wall / wall)
         ones, fours = metric("no-op converge, 1 rig(s): wall", "s"), metric("no-op converge, 4 rig(s): wall", "s")
@@ -338,7 +364,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
         if downtime is not None and ready is not None:
             metric("swap downtime", "s").values.append(downtime)
             metric("  engine's own ready time", "s").values.append(ready)
-            metric("  rigfleet overhead", "s", "< 3 s").values.append(downtime - ready)
+            metric("  rigfleet overhead", "s", "<= 1.0 s").values.append(downtime - ready)
     if "swap" not in skip:
         converge_timed(fleet, ["rig-01"])  # back to what the inventory says
 
@@ -362,9 +388,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=str(repo_root() / "out" / "bench.json"))
+    parser.add_argument("--json", default="", help="default: bench/results/latest.json for a whole run, "
+                        "out/bench.json for a partial one (--only, --skip)")
     parser.add_argument("--skip", default="", help=f"comma list of: {', '.join(SECTIONS)}")
     parser.add_argument("--rigs", type=int, default=4, help="rigs of the no-op, peer, swap and re-pin sections")
+    parser.add_argument("--peer-rigs", default="1,4", help="rig counts the peer runs on (of 1, 2, 4)")
     parser.add_argument("--scale", default="1,4,8,16", help="rig counts of the scale section")
     parser.add_argument("--only", default="", help="run only these sections (comma list, as --skip)")
     args = parser.parse_args()
@@ -385,10 +413,13 @@ def main() -> int:
 
 
 def report(args: argparse.Namespace, console: Console, metrics: list[Metric], slowest: list[dict[str, float]]) -> int:
+    if not args.json:
+        whole = not args.only and not args.skip
+        args.json = str(repo_root() / ("bench/results/latest.json" if whole else "out/bench.json"))
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.node()} ({os.cpu_count()} cores, {platform.release()})"
     table = Table(title=f"rigfleet bench, {stamp}, {machine}, SIMULATED rigs, {args.repeats} runs")
-    for column in ("measure", "min", "median", "max", "unit", "target"):
+    for column in ("measure", "min", "median", "max", "unit", "target", ""):
         table.add_column(column)
     for m in metrics:
         table.add_row(*m.row())
@@ -403,9 +434,10 @@ def report(args: argparse.Namespace, console: Console, metrics: list[Metric], sl
             console.print(f"  {seconds:7.1f}  {name}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"date": stamp, "machine": machine, "repeats": args.repeats,
-                                           "metrics": [m.__dict__ for m in metrics],
+                                           "metrics": [{**m.__dict__, "met": m.met()} for m in metrics],
                                            "fresh_slowest_operations": slowest,
-                                           "noop_commands_by_role": COMMANDS_BY_ROLE}, indent=2))
+                                           "noop_commands_by_role": COMMANDS_BY_ROLE,
+                                           "peer_task_seconds_1_rig": PEER_TASK_SECONDS}, indent=2))
     console.print(f"written: {args.json}")
     return 0
 

@@ -60,6 +60,7 @@ class PeerRun:
     changed: int
     failed: int
     output: str
+    task_seconds: dict[str, float]
 
 
 def ansible_playbook() -> Path:
@@ -163,7 +164,9 @@ def prepare(fleet: Fleet, names: list[str]) -> Path:
 
 def run(names: list[str], *extra: str) -> PeerRun:
     env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOK_DIR / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(WORK / "tmp-local"), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / "cp")}
+           "ANSIBLE_LOCAL_TEMP": str(WORK / "tmp-local"), "ANSIBLE_SSH_CONTROL_PATH_DIR": str(WORK / "cp"),
+           "PEER_TASK_SECONDS": str(WORK / "task-seconds.json")}
+    (WORK / "task-seconds.json").unlink(missing_ok=True)
     argv = [str(ansible_playbook()), "-i", str(WORK / "inventory.yml"), "--limit", ",".join(names),
             str(PLAYBOOK_DIR / "site.yml"), *extra]
     started = time.monotonic()
@@ -172,7 +175,9 @@ def run(names: list[str], *extra: str) -> PeerRun:
     recap = {m.group(1): (int(m.group(3)), int(m.group(4)) + int(m.group(5))) for m in RECAP.finditer(proc.stdout)}
     missing = [n for n in names if n not in recap]
     failed = sum(f for _, f in recap.values()) + len(missing)
-    return PeerRun(wall, sum(c for c, _ in recap.values()), failed, proc.stdout + proc.stderr)
+    seconds_file = WORK / "task-seconds.json"
+    seconds = json.loads(seconds_file.read_text()) if seconds_file.exists() else {}
+    return PeerRun(wall, sum(c for c, _ in recap.values()), failed, proc.stdout + proc.stderr, seconds)
 
 
 def drift_check(fleet: Fleet, name: str, path: str) -> PeerRun:
@@ -180,7 +185,9 @@ def drift_check(fleet: Fleet, name: str, path: str) -> PeerRun:
     >= 1); the file is put back from the fetched copy afterwards."""
     _ssh(fleet, name, f"echo '# edited by hand' | sudo tee -a {shlex.quote(path)} >/dev/null")
     try:
-        return run([name], "--check", "--diff")
+        result = run([name], "--check", "--diff")
+        (WORK / "drift-check.log").write_text(result.output)
+        return result
     finally:
         original = (WORK / "files" / name / path.lstrip("/")).read_bytes()
         encoded = base64.b64encode(original).decode()
