@@ -156,6 +156,7 @@ def children_cpu() -> float:
 
 
 LAST_CPU: list[float] = [0.0]
+METRICS: dict[str, Metric] = {}  # filled as the run goes: an interrupted run still reports what it measured
 COMMANDS_BY_ROLE: dict[str, int] = {}  # of the last 1-rig no-op
 PEER_TASK_SECONDS: dict[str, float] = {}  # of the last 1-rig peer run  # control-host CPU of the last converge_timed
 
@@ -266,7 +267,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
     repeats, skip = args.repeats, set(args.skip.split(",")) if args.skip else set()
     if args.only:
         skip |= set(SECTIONS) - set(args.only.split(","))
-    metrics: dict[str, Metric] = {}
+    metrics = METRICS
     slowest: list[dict[str, float]] = []  # the fresh converges' slowest operations: where the time goes
 
     def metric(name: str, unit: str, target: str = "") -> Metric:
@@ -408,8 +409,15 @@ def main() -> int:
     with open(LOCK, "w") as lock:
         if "RIGFLEET_SANDBOX_INSTANCE" not in os.environ:  # /work/coord/e2e holds the slot's lock
             fcntl.flock(lock, fcntl.LOCK_EX)
-        metrics, slowest = run(args, lambda text: console.print(f"[dim]bench:[/dim] {text}"))
-    return report(args, console, metrics, slowest)
+        stopped = False
+        try:
+            metrics, slowest = run(args, lambda text: console.print(f"[dim]bench:[/dim] {text}"))
+        except (KeyboardInterrupt, SystemExit) as stop:  # SIGINT, or a failed check: report what was measured
+            console.print(f"bench: stopped early: {stop}")
+            metrics, slowest, stopped = list(METRICS.values()), [], True
+            args.json = args.json or str(repo_root() / "out" / "bench.json")
+    code = report(args, console, metrics, slowest)
+    return 1 if stopped else code
 
 
 def report(args: argparse.Namespace, console: Console, metrics: list[Metric], slowest: list[dict[str, float]]) -> int:
