@@ -234,7 +234,7 @@ def rss_mib() -> float:
     return int(line.split()[1]) / 1024
 
 
-def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None]) -> Fleet:
+def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None]) -> tuple[Fleet, float]:
     """No-op converge of 1, 4, 8 and 16 rigs (--scale), rigfleet's own CPU per rig beside the wall:
     the rigs' sshd, dockerd and engines run on the same cores as the control process."""
     counts = sorted(int(c) for c in args.scale.split(","))
@@ -246,6 +246,13 @@ def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable
     wall, _ = converge_timed(fleet, names)
     metric(f"scale: fresh converge of {counts[-1]} rigs", "s").values.append(wall)
     metric("  memory per converged rig (host view)", "MiB").values.append((used_memory_mib() - before) / len(names))
+    return fleet, rss
+
+
+def scale_noops(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable[[str], None], fleet: Fleet,
+                rss: float) -> None:
+    counts = sorted(int(c) for c in args.scale.split(","))
+    names = [rig.name for rig in fleet.rigs]
     for attempt in range(args.repeats):
         say(f"scale: no-op converges ({attempt + 1}/{args.repeats})")
         for count in counts:
@@ -260,7 +267,6 @@ def scale(args: argparse.Namespace, metric: Callable[..., Metric], say: Callable
         first, last = (metric(f"scale: no-op {c} rig(s): wall", "s") for c in (counts[0], counts[-1]))
         metric(f"scale: no-op {counts[-1]} rigs / {counts[0]} rig", "ratio", "<= 1.5").values.append(
             last.values[-1] / first.values[-1])
-    return fleet
 
 
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metric], list[dict[str, float]]]:
@@ -292,8 +298,10 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
             metric("  everything else (build, engine start, gate, rigfleet)", "s").values.append(wall - waiting)
             slowest.append(dict(sorted(timer.seconds.items(), key=lambda item: -item[1])[:12]))
 
-    scaled = scale(args, metric, say) if "scale" not in skip else None
+    scaled, rss = scale(args, metric, say) if "scale" not in skip else (None, 0.0)
     if skip >= {"noop", "peer", "swap", "repin"}:
+        if scaled is not None:
+            scale_noops(args, metric, say, scaled, rss)
         return list(metrics.values()), slowest
     if scaled is not None and len(scaled.rigs) >= args.rigs:
         fleet = scaled  # the scale section's rigs are converged already: its first --rigs serve here
@@ -355,6 +363,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
         if fours.values:
             metric("no-op 4 rigs / 1 rig", "ratio", "< 1.5").values.append(fours.values[-1] / ones.values[-1])
 
+    if scaled is not None:  # after the peer: the side-by-side figures come first
+        scale_noops(args, metric, say, scaled, rss)
     variants = ["tq3-nomtp", fleet.rig("rig-01").variant]
     for attempt in range(repeats if "swap" not in skip else 0):
         variant = variants[attempt % 2]
