@@ -39,6 +39,7 @@ HOST_TOOLS = {
     "nsenter": "util-linux",
     "gzip": "gzip",
     "docker-registry": "docker-registry",  # the fleet registry (rigfleet_sandbox.registry)
+    "tmux": "tmux",  # a real terminal for `status --watch` (tests/sandbox/test_report.py)
 }
 
 
