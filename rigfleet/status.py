@@ -42,7 +42,7 @@ out["held"] = sh("apt-mark showhold 2>/dev/null").split()
 out["kernel_package"] = None
 for meta in @KERNEL_METAS@:
     got = sh("dpkg-query -W -f '${db:Status-Abbrev} ${Version}' " + meta + " 2>/dev/null").split()
-    if len(got) == 2 and got[0] == "ii":
+    if len(got) == 2 and got[0] in ("ii", "hi"):  # installed, or installed and held
         policy = sh("apt-cache policy " + meta + " 2>/dev/null").splitlines()
         cand = [l.split(":", 1)[1].strip() for l in policy if l.strip().startswith("Candidate:")]
         out["kernel_package"] = {"name": meta, "installed": got[1], "candidate": cand[0] if cand else ""}

@@ -27,6 +27,8 @@ def probe(**over: object) -> dict:
 def test_probe_asks_for_every_platforms_kernel_metapackage() -> None:
     assert status.KERNEL_METAS == ["linux-image-amd64", "linux-image-generic"]
     assert "'linux-image-amd64'" in status.PROBE and "apt-cache policy" in status.PROBE
+    # a held metapackage reads "hi" in dpkg's status (seen in the sandbox rehearsal: "ii" only missed it)
+    assert '("ii", "hi")' in status.PROBE
 
 
 def test_held_kernel_with_a_newer_one_waiting_says_it_did_not_move() -> None:
