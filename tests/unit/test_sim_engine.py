@@ -230,7 +230,8 @@ class Served:
     def log(self) -> str:
         return "\n".join(self.lines)
 
-    def wait_ready(self, timeout: float = 15) -> bool:
+    # Generous bounds: on a loaded 2-core CI machine a boot took 15 s+; they only stop a hang.
+    def wait_ready(self, timeout: float = 90) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.ready.wait(0.05):
@@ -240,7 +241,7 @@ class Served:
                 return self.ready.is_set()
         return False
 
-    def wait_exit(self, timeout: float = 15) -> int:
+    def wait_exit(self, timeout: float = 90) -> int:
         code = self.proc.wait(timeout)
         time.sleep(0.1)
         return code
