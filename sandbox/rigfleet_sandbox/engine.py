@@ -824,8 +824,10 @@ def build_engine_artifacts(
     cache_dir = Path(cache_dir) if cache_dir else distro_root_tarball.parent / "engine-cache"
     cache_dir.mkdir(parents=True, exist_ok=True)
     www.mkdir(parents=True, exist_ok=True)
-    with open(www / ".engine.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time per www (and its cache)
+    # One builder at a time per www and per cache: sandbox instances side by side share the cache.
+    with open(www / ".engine.lock", "w") as lock, open(cache_dir / ".engine.lock", "w") as cache_lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.flock(cache_lock, fcntl.LOCK_EX)
         return _build_locked(www, distro_root_tarball, cache_dir, wheels, base_url, images)
 
 
