@@ -137,7 +137,9 @@ def assert_halted_at_the_target(code: int, output: str) -> None:
     assert code == 1, output[-4000:]
     assert "Traceback" not in output
     assert "re-pin halted after 2 of 3 waves" in output, output[-4000:]
-    reported = [line.strip() for line in output.splitlines() if line.strip().startswith(f"{TARGET}: ")]
+    # The rig's result line, not the report's "where each rig got its image" lines after it.
+    reported = [line.strip() for line in output.splitlines()
+                if line.strip().startswith(f"{TARGET}: ") and not line.strip().startswith(f"{TARGET}: image ")]
     assert reported, f"no result line for {TARGET}"
     line = reported[-1]
     print(f"reported: {line}")

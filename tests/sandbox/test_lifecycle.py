@@ -23,6 +23,7 @@ from rigfleet_sandbox import manager, procs, services
 from rigfleet_sandbox.debindex import debian_mirror
 from rigfleet_sandbox.layout import (
     HOST_VETH_PREFIX,
+    MACHINE_PREFIX,
     NET,
     NETNS_PREFIX,
     RIGS_DIR,
@@ -179,7 +180,7 @@ def test_down_leaves_nothing_behind(sandbox: Sandbox, sandbox_session: SandboxSe
     assert not [line for line in live if str(RIGS_DIR) + "/" in line]
     assert procs.sandbox_processes() == []
     assert not STATE_DIR.exists()
-    assert not list(Path("/run/systemd/nspawn/propagate").glob("rig-*"))
+    assert not list(Path("/run/systemd/nspawn/propagate").glob(f"{MACHINE_PREFIX}rig-*"))
 
 
 # -- the proxy's allowlist, on loopback (no root, no network) ---------------------------------

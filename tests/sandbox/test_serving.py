@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rigfleet_sandbox import layout
 from rigfleet_sandbox.invfiles import fault_vars
 from tests import REPO_ROOT
 
@@ -93,9 +94,9 @@ def containers(sandbox: Sandbox) -> list[dict[str, str]]:
 
 
 def chat(sandbox: Sandbox, port: int, api_key: str | None = None) -> str:
-    """A chat completion from the rig's port, from this machine (10.231.N.2 only)."""
+    """A chat completion from the rig's port, from this machine (the rig's veth address only)."""
     address = sandbox.address(RIG)
-    assert re.fullmatch(r"10\.231\.\d+\.2", address)
+    assert re.fullmatch(re.escape(layout.NET) + r"\.\d+\.2", address)
     return chat_completion(address, port, api_key)
 
 
