@@ -182,6 +182,7 @@ def leftovers() -> dict[str, list[str]]:
         "mounts": _our_mounts(),
         "netns": netns,
         "links": links,
+        "rules": net.our_rules(),
         "dirs": [str(p) for p in (RIGS_DIR, WWW_DIR, STATE_FILE) if p.exists()] + run_dirs,
     }
 
@@ -297,6 +298,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         net.setup_service_address()
         for spec in specs:
             net.setup_rig(spec)
+        net.setup_rig_routing(specs)
         log(net.rp_filter_report(specs))
         _spawn(
             "rigfleet_sandbox.services",

@@ -2,8 +2,14 @@
 
 Each simulated rig lives in netns rf-rig-NN with a veth pair: host side 10.231.N.1/30, rig side
 10.231.N.2/30 and a default route via the host side. Host services listen on 10.231.0.1/32,
-held by a dummy interface (or lo), so every rig reaches them at one address through its default route:
-no NAT and no ip_forward (the packets are addressed to the host itself).
+held by a dummy interface (or lo), so every rig reaches them at one address through its default route
+(the packets are addressed to the host itself, no NAT).
+
+Rigs reach one another (a gateway or a monitor on one rig, the others behind it) through the host,
+routed, not bridged: forwarding is on for the rigs' host-side veths only, and two policy rules keep it
+inside the instance's /16: from the /16 to the /16 the main table routes, anything else from the /16
+is refused by the host ("prohibited"), so no rig packet leaves by the host's own uplink. No NAT: a rig
+sees the other rig's own address, as on a real LAN, so allowlists by source address mean the same.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from pathlib import Path
 
 from rigfleet_sandbox.layout import (
     HOST_VETH_PREFIX,
+    INSTANCE,
+    NET,
     NETNS_PREFIX,
     SERVICE_ADDR,
     SERVICE_IF,
@@ -24,6 +32,8 @@ from rigfleet_sandbox.shell import Log, run
 
 NETNS_DIR = Path("/run/netns")
 _OURS_NETNS = re.compile(rf"^{re.escape(NETNS_PREFIX)}rig-\d+$")
+# Two policy-rule priorities per instance, below the main table's 32766 and clear of the usual ones.
+RULE_PRIORITY = 9200 + 2 * INSTANCE
 _OURS_LINK = re.compile(rf"^({re.escape(HOST_VETH_PREFIX)}rig-\d+|{re.escape(SERVICE_IF)})$")
 
 
@@ -71,6 +81,23 @@ def setup_rig(rig: RigSpec) -> None:
     run([*ns, "route", "add", "default", "via", rig.host_addr])
 
 
+def setup_rig_routing(rigs: list[RigSpec]) -> None:
+    """Route between the instance's rigs (see the module doc); idempotent per rig."""
+    subnet = f"{NET}.0.0/16"
+    if not our_rules():
+        run(["ip", "rule", "add", "priority", str(RULE_PRIORITY), "from", subnet, "to", subnet, "lookup", "main"])
+        run(["ip", "rule", "add", "priority", str(RULE_PRIORITY + 1), "from", subnet, "prohibit"])
+    for rig in rigs:
+        _sysctl(f"net/ipv4/conf/{rig.host_if}/forwarding", "1")
+
+
+def our_rules() -> list[str]:
+    """This instance's policy rules, as `ip rule` prints them."""
+    out = run(["ip", "-4", "rule", "show"]).stdout
+    mine = (f"{RULE_PRIORITY}:", f"{RULE_PRIORITY + 1}:")
+    return [line.strip() for line in out.splitlines() if line.strip().startswith(mine)]
+
+
 def rp_filter_report(rigs: list[RigSpec]) -> str:
     """Strict rp_filter is fine here: replies to a rig leave by the veth its packets came in on."""
 
@@ -97,13 +124,16 @@ def teardown(log: Log) -> None:
             run(["ip", "link", "del", link], check=False)
     for link in service_address_links():
         run(["ip", "addr", "del", f"{SERVICE_ADDR}/32", "dev", link], check=False)
+    rules = our_rules()
+    for rule in rules:
+        run(["ip", "rule", "del", "priority", rule.split(":", 1)[0]], check=False)
     for name in netns:
         if run(["ip", "netns", "del", name], check=False).returncode != 0:
             # A bind mount whose namespace file lost its name; unmount and drop it by hand.
             run(["umount", "-l", str(NETNS_DIR / name)], check=False)
             (NETNS_DIR / name).unlink(missing_ok=True)
-    if netns or links:
-        log(f"removed netns {' '.join(netns) or '-'}; links {' '.join(links) or '-'}")
+    if netns or links or rules:
+        log(f"removed netns {' '.join(netns) or '-'}; links {' '.join(links) or '-'}; policy rules {len(rules)}")
     _drop_netns_dir_mount()
 
 

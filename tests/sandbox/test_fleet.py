@@ -104,6 +104,31 @@ def assert_on(rows: dict[str, dict[str, Any]], rigs: list[str], pinset: str) -> 
         assert row["drift"] == [], row
 
 
+def test_rigs_reach_one_another_and_nothing_beyond_the_sandbox(sandbox: Sandbox) -> None:
+    """The host routes between the rigs' links (a gateway or monitor on one rig reaches the others),
+    with no NAT (rig-02 sees rig-01's own address) and nothing routed out of the sandbox's /16."""
+    other = sandbox.address("rig-02")
+    ssh_banner = sandbox.ssh("rig-01", f"timeout 10 bash -c 'exec 3<>/dev/tcp/{other}/22 && head -c 7 <&3'")
+    assert ssh_banner.stdout == "SSH-2.0", ssh_banner
+    # rig-01 holds a connection open; rig-02's sshd sees it come from rig-01's own address
+    sandbox.ssh("rig-01", f"nohup timeout 30 bash -c 'exec 3<>/dev/tcp/{other}/22; sleep 25' >/dev/null 2>&1 &")
+    peers = ""
+    for _ in range(40):
+        peers = sandbox.ssh("rig-02", "ss -Htn state established '( sport = :22 )'").stdout
+        if f"{sandbox.address('rig-01')}:" in peers:
+            break
+        time.sleep(0.5)
+    assert f"{sandbox.address('rig-01')}:" in peers, peers
+    # A route lookup, no packet sent: anything else from a rig's address is refused by the host.
+    spec = manager.RigSpec.from_name("rig-02")
+    beyond = subprocess.run(["ip", "route", "get", "198.51.100.7", "from", other, "iif", spec.host_if],
+                            capture_output=True, text=True)
+    assert beyond.returncode != 0 and "permission denied" in beyond.stderr.lower(), beyond
+    inside = subprocess.run(["ip", "route", "get", sandbox.address("rig-03"), "from", other, "iif", spec.host_if],
+                            capture_output=True, text=True)
+    assert inside.returncode == 0 and manager.RigSpec.from_name("rig-03").host_if in inside.stdout, inside
+
+
 def test_repin_whole_fleet_builds_the_image_once(sandbox: Sandbox, inventory: Path) -> None:
     assert sandbox.rigs == RIGS
     converge = rigfleet(inventory, "repin", "--wave", "3")
