@@ -57,6 +57,19 @@ def cli_data_overrides(argv: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def check_cli_data() -> None:
+    """Refuse a malformed `--data` before pyinfra parses it (exit 2, one message).
+
+    pyinfra runs the operator repository's config.py before it splits `--data key=value` itself,
+    and its own split crashes on `--data oops`; config.py calls this so that never happens.
+    """
+    if pyinfra.is_cli:
+        try:
+            cli_data_overrides(sys.argv)
+        except InputError as exc:
+            _exit_with(exc)
+
+
 def fleet(path: Path | None = None) -> Fleet:
     """Load and guard the fleet; on bad input print the problems and exit 2 before any connect.
 

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                         "report"}),
     ("cli_*", {"cli_common", "cli_fleet", "cli_hostkeys", "cli_pins", "cli_verify", "cli_watch", "cli_report",
                "rollback", "operator_repo"}),
-    ("cli", {"cli", "skeleton.deploy", "skeleton.inventory"}),
+    ("cli", {"cli", "skeleton.deploy", "skeleton.inventory", "skeleton.config"}),
 ]
 LAYER_OF = {module: index for index, (_, modules) in enumerate(LAYERS) for module in modules}
 

@@ -45,7 +45,7 @@ def test_init_writes_a_repo_whose_check_passes_from_its_directory(tmp_path, monk
     ops = tmp_path / "ops"
     result = CliRunner().invoke(main, ["init", str(ops)])
     assert result.exit_code == 0, result.output
-    for name in ("inventory.py", "deploy.py", "inventory/hosts.yml", "inventory/group_vars/all.yml",
+    for name in ("inventory.py", "deploy.py", "config.py", "inventory/hosts.yml", "inventory/group_vars/all.yml",
                  "inventory/host_vars/rig-02.yml", "inventory/known_hosts", "inventory/pinsets.yml"):
         assert (ops / name).is_file(), name
     hosts = yaml.safe_load((ops / "inventory" / "hosts.yml").read_text())

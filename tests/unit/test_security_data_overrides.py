@@ -118,13 +118,20 @@ def test_malformed_data_override_exits_2_naming_every_rig_and_the_field(
     assert not contacted(listener)
 
 
-def test_data_without_equals_is_a_pyinfra_crash_before_rigfleet_runs(inventory: Path, listener: list[socket.socket],
-                                                                    tmp_path: Path) -> None:
-    """pyinfra 3.10 splits `--data oops` in pyinfra_cli before inventory.py is imported, so rigfleet
-    cannot turn it into an exit 2 (documented in docs/RELIABILITY.md as a pyinfra limitation).
-    What rigfleet can promise still holds: a non-zero exit and no host contacted."""
-    proc = pyinfra(inventory, tmp_path, "--data", "oops")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0, out
-    assert "not enough values to unpack" in out  # if pyinfra fixes this, update the doc and this test
-    assert not contacted(listener)
+@pytest.mark.parametrize("args", [["--data", "oops"], ["--data=oops"], ["--data", "=1"]])
+def test_data_not_in_key_value_form_exits_2_before_pyinfra_reads_it(inventory: Path, listener: list[socket.socket],
+                                                                     tmp_path: Path, args: list[str]) -> None:
+    """pyinfra 3.10 splits `--data` itself (and crashes on one without `=`) after it ran the
+    config.py of the directory it starts in: the operator repository's config.py refuses it first.
+    Started from a repository as `rigfleet init` writes it, and from this checkout."""
+    ops = tmp_path / "ops"
+    init = subprocess.run([str(Path(sys.executable).parent / "rigfleet"), "init", str(ops)], capture_output=True,
+                          text=True)
+    assert init.returncode == 0, init.stderr
+    for cwd in (ops, REPO_ROOT):
+        proc = pyinfra(inventory, cwd, *args)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 2, out
+        assert "Traceback" not in out and "not enough values" not in out, out
+        assert "--data" in out and "not in key=value form" in out and "write --data key=value" in out, out
+        assert not contacted(listener)
