@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml sandbox/pyproject.toml
 venv: $(BIN)/.installed
 
 lint: venv
-	$(BIN)/ruff check rigfleet sandbox tests bench deploy.py inventory.py
+	$(BIN)/ruff check rigfleet sandbox tests bench deploy.py inventory.py config.py
 	$(BIN)/mypy
 
 # Every tier: unit, plan, upstream and the sandbox end-to-end tier (the last needs root). The
