@@ -48,8 +48,11 @@ def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Pat
     inv = module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
                            rig_vars={name: {"bind_address": sandbox.address(name), "gate_timeout_s": 120,
                                             "monitoring": settings} for name in RIGS})
-    # rig-01 is the monitor host here, whatever the sandbox's inventory says, and no gateway
+    # rig-01 is the monitor host here, whatever the sandbox's inventory says, and no gateway; only
+    # this module's rigs (a sandbox kept from an earlier module may have more, not converged here)
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    for group in hosts["all"]["children"].values():
+        group["hosts"] = {name: spec for name, spec in (group.get("hosts") or {}).items() if name in RIGS}
     hosts["all"]["children"][monitoring.MONITOR_GROUP] = {"hosts": {RIG: None}}
     hosts["all"]["children"].pop("gateway", None)
     (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
@@ -99,11 +102,18 @@ def wait_for(what: str, check: Callable[[], bool]) -> None:
 def deployed(sandbox: Sandbox, inventory: Path) -> None:
     converge(inventory)
 
+    last: list[Any] = []
+
     def all_up() -> bool:
         active = api(sandbox, "/api/v1/targets")["activeTargets"]
+        last[:] = [(t["labels"].get("rig"), t["scrapePool"], t["scrapeUrl"], t["health"], t["lastError"])
+                   for t in active]
         return len(active) == 2 * len(RIGS) and all(t["health"] == "up" for t in active)
 
-    wait_for("every target up", all_up)
+    try:
+        wait_for("every target up", all_up)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; targets (rig, job, url, health, error): {last}") from None
 
 
 def test_every_target_is_scraped(sandbox: Sandbox, deployed: None) -> None:
