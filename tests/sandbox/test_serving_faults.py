@@ -9,7 +9,10 @@
    does): `rigfleet status` shows it not healthy with the container's state; the next converge
    restarts that release through the gate and the ledger records a `recover` attempt saying why;
 3. the disk fills during the weights download (the model dir on a 256 KiB tmpfs): the deploy fails
-   saying so and that nothing was stopped; the same container keeps serving, the ledger unchanged.
+   saying so and that nothing was stopped; the same container keeps serving, the ledger unchanged;
+4. drift made by hand that no shortcut may skip: a rigfleet file on the rig edited (the next
+   converge writes it back, no swap) and the serving container removed (the next converge recovers
+   the release through its gate, a `recover` attempt in the ledger).
 
 Runs after test_serving.py in CI (the rig serves already: the first converge here changes little).
 Run it under the shared sandbox lock:
@@ -187,3 +190,34 @@ def test_disk_full_during_the_weights_download_keeps_the_release_serving(sandbox
     assert len(book["attempts"]) == attempts and book["current"]["release_id"] == seen["b"], "no swap was tried"
     assert running_containers(sandbox) == serving_before, "the same container keeps serving"
     assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]))
+
+
+def test_a_file_edited_on_the_rig_by_hand_is_repaired_by_the_next_converge(sandbox: Sandbox,
+                                                                           inventory: Path) -> None:
+    """Drift no shortcut may skip: the apt fragment that keeps unattended-upgrades off the held
+    stack, emptied by hand, is written back by the next converge; nothing else changes."""
+    fragment = "/etc/apt/apt.conf.d/51rigfleet-unattended-blacklist"
+    want = sandbox.ssh(RIG, f"sudo sha256sum {fragment}").stdout.split()[0]
+    serving_before = running_containers(sandbox)
+    sandbox.ssh(RIG, f"echo '// edited by hand' | sudo tee {fragment} >/dev/null")
+    proc = run(inventory, deploy_argv())
+    assert proc.returncode == 0, "the converge after the edit failed (its log is above)"
+    assert sandbox.ssh(RIG, f"sudo sha256sum {fragment}").stdout.split()[0] == want, "the fragment is back"
+    assert running_containers(sandbox) == serving_before, "a host file's repair swaps no release"
+
+
+def test_a_container_removed_by_hand_is_recovered_by_the_next_converge(sandbox: Sandbox, inventory: Path) -> None:
+    assert seen.get("b"), "needs the release the earlier tests deployed"
+    b = seen["b"]
+    [container, release] = running_containers(sandbox)
+    assert release == b
+    sandbox.ssh(RIG, f"sudo docker rm -f {container} >/dev/null")
+    attempts = len(ledger(sandbox)["attempts"])
+    proc = run(inventory, deploy_argv())
+    assert proc.returncode == 0, "the converge after the removal failed (its log is above)"
+    assert f"release {b} passed its gate but has no container any more" in proc.stderr
+    book = ledger(sandbox)
+    assert len(book["attempts"]) == attempts + 1 and book["attempts"][-1]["kind"] == "recover"
+    assert book["attempts"][-1]["result"] == "passed" and book["current"]["release_id"] == b
+    assert running_containers(sandbox)[1::2] == [b]
+    assert "Paris" in chat(sandbox, port_of(sandbox, b))
