@@ -133,6 +133,8 @@ class DrainSpec:
 class Drain:
     """The rig's servers in the gateway, over the gateway host's SSH connection (runtime API)."""
 
+    drained = False  # set once the gateway took the rig out
+
     def __init__(self, spec: DrainSpec, remote: Remote, state: State):
         self.spec = spec
         self.rig = remote
@@ -170,7 +172,15 @@ class Drain:
             _say(host, f"gateway {self.spec.gateway} not connected: swapping without a drain", fg="yellow")
             return None
         started = time.monotonic()
-        self.set("drain")
+        try:
+            self.set("drain")
+        except ServingError as exc:
+            # HAProxy not (yet) running there: the first deploy of a gateway onto a serving fleet
+            # swaps the rigs before the gateway role ran; no client reaches a gateway that is down
+            _say(host, f"gateway {self.spec.gateway} does not answer ({exc}): swapping without a drain",
+                 fg="yellow")
+            return None
+        self.drained = True
         deadline = started + self.spec.timeout_s
         sessions = running = -1
         while True:
@@ -188,9 +198,19 @@ class Drain:
         return took
 
     def back(self, host: Host) -> None:
-        if self.gateway is not None:
+        """Ready in the gateway. A rig this swap drained must get back (or the swap fails: a rollout
+        that only takes rigs out empties the gateway); one it did not is put in where HAProxy answers."""
+        if self.gateway is None:
+            return
+        try:
             self.set("ready")
-            _say(host, "back in the gateway", fg="green")
+        except ServingError as exc:
+            if self.drained:
+                raise
+            _say(host, f"gateway {self.spec.gateway} does not answer ({exc}): its health checks take the "
+                       "rig in once it runs", fg="yellow")
+            return
+        _say(host, "back in the gateway", fg="green")
 
 
 # Rig-side, stdlib only: the sum of one gauge of the engine's /metrics (prometheus text format).

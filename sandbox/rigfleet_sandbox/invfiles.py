@@ -21,6 +21,7 @@ HEADER = (
     "# from the other rigs (the host routes between the rigs' links only); it takes no API key unless\n"
     "# a test gives one, hence the explicit insecure_public: true (check prints it as a warning, as it\n"
     "# would on a real fleet).\n"
+    "# With two rigs or more the first also runs the fleet's gateway (group gateway) on its address.\n"
 )
 BASE_GROUP_VARS: dict[str, Any] = {
     "pinset": "sandbox-a",
@@ -46,6 +47,10 @@ BASE_GROUP_VARS: dict[str, Any] = {
 # The SIMULATED engine's fault switch (assets/vllm/vllm/_sim/faults.py). A fault reaches a rig the
 # way any engine setting does, through the rig's `engine_env`: rigfleet itself has no fault field.
 FAULT_ENV = "RIGFLEET_SANDBOX_FAULT"
+
+# `up --rigs N` with N >= 2 puts the fleet's gateway on the first rig (one rig has nothing to route)
+GATEWAY_GROUP = "gateway"
+GATEWAY_MIN_RIGS = 2
 
 
 def fault_vars(fault: str, **knobs: str) -> dict[str, Any]:
@@ -76,8 +81,13 @@ def write_inventory(
     hosts = {name: {"ssh_hostname": address, "bind_address": address} for name, address, _ in rigs}
     # the first rig is also the fleet's monitor host (Prometheus, roles/monitor), so the demo and
     # the tests exercise monitoring
-    monitor = {"monitor": {"hosts": {rigs[0][0]: None}}} if rigs else {}
-    _dump(inv / "hosts.yml", {"all": {"children": {"sandbox": {"hosts": hosts}, **monitor}}})
+    groups: dict[str, Any] = {"monitor": {"hosts": {rigs[0][0]: None}}} if rigs else {}
+    if len(rigs) >= GATEWAY_MIN_RIGS:
+        # and, with rigs behind it, the fleet's gateway (HAProxy, roles/gateway), listening on its
+        # own veth address so this machine reaches the one endpoint; re-pins drain through it
+        name, address, _ = rigs[0]
+        groups[GATEWAY_GROUP] = {"hosts": {name: None}, "vars": {"gateway_bind_address": address}}
+    _dump(inv / "hosts.yml", {"all": {"children": {"sandbox": {"hosts": hosts}, **groups}}})
     _dump(inv / "group_vars" / "all.yml", {**BASE_GROUP_VARS, **group_vars})
     _dump(inv / "pinsets.yml", dict(pinsets))
     key = inv / "id_ed25519"

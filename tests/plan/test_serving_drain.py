@@ -110,3 +110,51 @@ def test_no_gateway_connection_swaps_without_a_drain(example_inventory: Path) ->
     serve(rig, other, nobody)
     assert not any(e.startswith("gateway:") for e in events)
     assert any("swapping without a drain" in line for line in rig.logs)
+
+
+class SilentGateway(FakeGateway):
+    """A gateway host whose HAProxy is not running yet (its runtime API's socket is not there)."""
+
+    def run_shell_command(self, command: Any, **kwargs: Any) -> tuple[bool, Any]:
+        from pyinfra.connectors.util import CommandOutput, OutputLine
+
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        self.events.append(f"gateway: {shlex.split(text)[-1]}")
+        return False, CommandOutput([OutputLine("stderr", "FileNotFoundError: [Errno 2] No such file or directory")])
+
+
+def test_a_gateway_not_running_yet_swaps_without_a_drain(example_inventory: Path) -> None:
+    """The first deploy of a gateway onto a fleet that already serves: the rigs swap before HAProxy
+    runs; each swap goes on (and passes) without a drain instead of failing on the runtime API."""
+    rig, _, spec, _, events = behind_gateway(example_inventory)
+    silent = SilentGateway(events, [])
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name, default=None: silent),
+                            active_hosts={silent})
+    serve(rig, spec, state)
+    other = replace(release_spec(context(example_inventory, variant="tq3-nomtp")), drain=spec.drain)
+    rig.images.add(other.image)
+    serve(rig, other, state)
+    assert rig.running() == [other.release_id]
+    assert any("does not answer" in line and "swapping without a drain" in line for line in rig.logs)
+    assert not any("drained from the gateway" in line or "back in the gateway" in line for line in rig.logs)
+
+
+def test_a_drained_rig_the_gateway_cannot_take_back_fails_its_swap(example_inventory: Path) -> None:
+    """Drained, swapped, gated, and then the gateway stops answering: the swap fails loudly (a rollout
+    that only takes rigs out would empty the gateway)."""
+    rig, gw, spec, state, events = behind_gateway(example_inventory)
+    serve(rig, spec, state)
+    other = replace(release_spec(context(example_inventory, variant="tq3-nomtp")), drain=spec.drain)
+    rig.images.add(other.image)
+    answer = gw.run_shell_command
+
+    def fails_on_ready(command: Any, **kwargs: Any) -> tuple[bool, Any]:
+        text = command.get_raw_value() if isinstance(command, StringCommand) else str(command)
+        if "state ready" in text:
+            return SilentGateway(events, []).run_shell_command(command, **kwargs)
+        return answer(command, **kwargs)
+
+    gw.run_shell_command = fails_on_ready  # type: ignore[method-assign]
+    with pytest.raises(ops.ServingError, match="gateway runtime API: set server"):
+        serve(rig, other, state)
+    assert any("drained from the gateway" in line for line in rig.logs)

@@ -30,6 +30,7 @@ import yaml
 
 from rigfleet_sandbox import manager, procs
 from rigfleet_sandbox.aptrepo import packages as aptrepo_packages
+from rigfleet_sandbox.invfiles import GATEWAY_GROUP, GATEWAY_MIN_RIGS
 
 DEFAULT_DISTRO = os.environ.get("RIGFLEET_SANDBOX_DISTRO", "trixie")
 
@@ -133,7 +134,8 @@ def module_inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory,
                    rig_vars: dict[str, dict[str, Any]] | None = None) -> Path:
     """A module's own copy of the sandbox inventory (its edits stay its own), host_vars/ empty but
     for `rig_vars`, group_vars/all.yml updated with `group`, and only `pinsets` when given (the
-    sandbox also publishes a deliberately bad pin set for the guard's tests)."""
+    sandbox also publishes a deliberately bad pin set for the guard's tests). A module of one rig
+    gets no gateway group (as `up --rigs 1` writes it); one of more keeps the gateway on rig-01."""
     copy = tmp_path_factory.mktemp("inventory") / "sandbox"
     shutil.copytree(sandbox.inventory_dir, copy)
     if pinsets is not None:
@@ -142,6 +144,11 @@ def module_inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory,
     if group:
         path = copy / "group_vars" / "all.yml"
         path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), **group}))
+    if len(sandbox.rigs) < GATEWAY_MIN_RIGS:
+        # what `up --rigs 1` writes: no gateway, even when this module reuses a bigger sandbox
+        hosts = yaml.safe_load((copy / "hosts.yml").read_text())
+        hosts["all"]["children"].pop(GATEWAY_GROUP, None)
+        (copy / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
     shutil.rmtree(copy / "host_vars", ignore_errors=True)
     (copy / "host_vars").mkdir()
     for rig, values in (rig_vars or {}).items():
