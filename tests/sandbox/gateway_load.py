@@ -174,7 +174,7 @@ class GatewayLog:
             elif state := STATE.search(message):
                 what = "drain" if "drain state" in state[3] else "maint" if "DOWN for" in state[3] else "ready"
                 events.append((when, state[1], state[2], what))
-        return cls(requests, sorted(events))
+        return cls(requests, _once(sorted(events)))
 
     def out_windows(self, server: str, end: float) -> list[tuple[float, float]]:
         """When `server` was out (from its drain to its ready; a rig still out at `end` until then)."""
@@ -208,3 +208,15 @@ class GatewayLog:
             if predicate(request):
                 counts[request.server] = counts.get(request.server, 0) + 1
         return counts
+
+
+def _once(events: list[tuple[float, str, str, str]]) -> list[tuple[float, str, str, str]]:
+    """HAProxy reports a state change twice to the journal (its syslog line and its stderr under
+    systemd): a change that repeats the last one of the same server is left out."""
+    out: list[tuple[float, str, str, str]] = []
+    last: dict[tuple[str, str], str] = {}
+    for when, backend, server, what in events:
+        if last.get((backend, server)) != what:
+            out.append((when, backend, server, what))
+        last[(backend, server)] = what
+    return out

@@ -164,6 +164,7 @@ def repin_under_load(sandbox: Sandbox, inventory: Path, gw: gateway.Gateway, nam
     route = gw.routes[0]
     load = Load(gw.address, gw.port, route.model)
     since = time.time()
+    time.sleep(1.5)  # httplog's dates are to the millisecond: the first request is clearly after `since`
     load.start()
     time.sleep(3)  # the load runs before the first rig is touched
     started = time.monotonic()
@@ -208,14 +209,13 @@ def test_drained_repin_under_load_loses_no_request(sandbox: Sandbox, inventory: 
     set_group(inventory, pinset="sandbox-b")
     run = repin_under_load(sandbox, inventory, gw, "drain", "--wave", "1")
     assert run.code == 0 and "re-pin complete" in run.output, run.output[-3000:]
-    assert run.output.count("drained from the gateway") == len(RIGS)
     assert_every_request_succeeded(run)
     for rig in RIGS:
         windows = run.log.out_windows(rig, run.until)
         assert len(windows) == 1, (rig, windows)
         start, end = windows[0]
         # the others served the load while this rig was out
-        during = run.log.served_by(lambda r, s=start, e=end: s <= r.accepted <= e)
+        during = run.log.served_by(lambda r, s=start, e=end - READY_MARGIN_S: s <= r.accepted <= e)
         assert rig not in during and sum(during.values()) > 0, (rig, during)
     assert run.log.sent_while_out(RIGS, run.until, READY_MARGIN_S) == []
     wait_states(sandbox, gw, dict.fromkeys(RIGS, "in"))
@@ -229,7 +229,6 @@ def test_repin_without_drain_is_measured_for_the_comparison(sandbox: Sandbox, in
     run = repin_under_load(sandbox, inventory, gw, "no-drain", "--wave", "1", "--no-drain")
     assert run.code == 0 and "re-pin complete" in run.output, run.output[-3000:]
     # nothing was taken out of the gateway: its health checks were all that noticed the stops
-    assert "drained from the gateway" not in run.output
     assert [e for e in run.log.events if e[3] in ("drain", "maint")] == []
     assert len(run.results) > 0
     print(f"NO DRAIN: {sum(run.failed.values())} of {len(run.results)} requests failed {run.failed}; "
