@@ -22,7 +22,7 @@ SANDBOX_MODULE_MINUTES = {
     "test_image": 3, "test_serving_allowlist": 3, "test_lifecycle": 2, "test_status": 2,
     "test_hostkeys": 1, "test_host_layer_bookworm": 7, "test_host_layer_distro": 7,
     "test_monitoring": 10, "test_host_faults": 9, "test_report": 4, "test_repin_stacks": 1,
-    "test_gateway": 12,
+    "test_gateway": 10,
 }
 DEFAULT_MODULE_MINUTES = 5
 
