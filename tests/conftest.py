@@ -23,6 +23,7 @@ SANDBOX_MODULE_MINUTES = {
     "test_hostkeys": 1, "test_host_layer_bookworm": 7, "test_host_layer_distro": 7,
     "test_monitoring": 10, "test_host_faults": 9, "test_report": 4, "test_repin_stacks": 1,
     "test_gateway": 10,
+    "test_verify_faults": 5,
 }
 DEFAULT_MODULE_MINUTES = 5
 
