@@ -153,7 +153,7 @@ def without_drain(fleet: Fleet) -> Fleet:
 def canary_fleet(fleet: Fleet, canary: str) -> Fleet:
     """Re-pins gate the canary at level `full` (the failure signatures throughput hides)."""
     rigs = tuple(rig.model_copy(update={"gate": "full"}) if rig.name == canary else rig for rig in fleet.rigs)
-    return Fleet(fleet.inventory_dir, rigs, fleet.pinsets, fleet.sources, fleet.pyinfra_data)
+    return replace(fleet, rigs=rigs)  # everything else kept: the mirror map too
 
 
 def run(fleet: Fleet, plan: list[list[str]], converge: Converge, max_failures: int = 1,

@@ -73,6 +73,16 @@ def test_canary_is_gated_full_and_the_rest_as_declared(fleet: Fleet) -> None:
     assert script.gates == {"rig-01": "full", "rig-02": "basic"}
 
 
+def test_the_canary_wave_keeps_the_mirror_map(example_inventory: Path) -> None:
+    # the canary's converge once lost mirrors.yml, so an air-gapped canary cloned from the upstream URL
+    (example_inventory / "mirrors.yml").write_text("prefixes:\n  https://git.example/tree.git: /srv/tree.bundle\n")
+    fleet = load_fleet(example_inventory)
+    seen: list[dict[str, str]] = []
+    rollout.run(fleet, [["rig-01"], ["rig-02"]],
+                lambda f, rigs: seen.append(dict(f.mirrors.prefixes)) or Script()(f, rigs))
+    assert seen == [{"https://git.example/tree.git": "/srv/tree.bundle"}] * 2
+
+
 def test_failure_in_wave_two_leaves_later_waves_untouched(fleet: Fleet) -> None:
     script = Script(failing=frozenset({"rig-11"}))
     result = rollout.run(fleet, [["rig-01"], ["rig-02"], ["rig-11"], ["rig-12"]], script)
