@@ -26,7 +26,7 @@ import yaml
 
 from rigfleet_sandbox import layout, stacks
 from tests import REPO_ROOT
-from tests.upstream.conftest import TREE_SOURCE, shared_mirror
+from tests.upstream.conftest import TREE_SOURCE, _real_cache, real_upstream_cache, shared_mirror  # noqa: F401 (fixtures)
 
 from .conftest import Sandbox, module_inventory
 from .test_serving import bin_path
@@ -49,9 +49,8 @@ pytestmark = [pytest.mark.sandbox,
 
 
 @pytest.fixture(scope="module")
-def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, _real_cache: Path) -> Path:  # noqa: F811
     tarball = Path(sandbox.info.tarball)
-    os.environ.setdefault("RIGFLEET_UPSTREAM_CACHE", "/var/cache/rigfleet-test/upstream")
     pinsets = stacks.build(layout.WWW_DIR, tarball, tarball.parent / "engine-cache")
     inv = module_inventory(sandbox, tmp_path_factory, pinsets=[], group={"pinset": SEED, "variant": "tq3-nomtp"})
     (inv / "pinsets.yml").write_text(yaml.safe_dump(pinsets, sort_keys=False))
@@ -96,7 +95,8 @@ def build_log(sandbox: Sandbox, image: str) -> str:
 
 @pytest.mark.parametrize(("leg", "target"), list(enumerate(LEGS)), ids=[f"{i}-{p}" for i, (p, _) in enumerate(LEGS)])
 def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, inventory: Path, leg: int,
-                                                       target: tuple[str, str]) -> None:
+                                                       target: tuple[str, str],
+                                                       real_upstream_cache: Path) -> None:  # noqa: F811
     pinset, variant = target
     pin(inventory, pinset, variant)
     before = current(sandbox)
