@@ -5,6 +5,11 @@ v12), derived from the real pin sets in rigfleet's skeleton inventory:
   pin set's exact `vllm_version` and, as ``vllm/_sim/real_surface.json``, the CLI surface rigfleet
   derives from the real vLLM release wheel of that version (rigfleet.upstream: its flags and value
   choices), so the SIMULATED engine accepts exactly the flags the real release does;
+* the real vLLM release's Python sources (every ``vllm/**.py`` of the release wheel nearest to the
+  pin, `pip download`ed once into the cache), under the stand-in's own engine files, so a patch
+  tree's apply step edits and imports real vLLM code (what needs torch fails, as it would on a
+  machine without it); only the files the SIMULATED engine runs stay the stand-in's, except
+  REAL_WINS (text that no stand-in module imports: the real one is what a patch must meet);
 * a PEP 503 package index on the host's web server (``www/simple/``) holding the real PyPI wheels
   of the patch trees' build requirements (the SNDR v12 tree's setuptools/wheel, pinned in
   rigfleet/catalog/patch_trees.yaml), downloaded here through this machine's pip configuration:
@@ -24,6 +29,7 @@ import logging
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,49 @@ def surface_file(version: str, mirrors: MirrorMap | None = None) -> bytes | None
         return None
     data = found.surface.to_json()
     return json.dumps({"stand_in_release": found.stand_in, **data}, sort_keys=True).encode()
+
+
+# Stand-in files that are only ever read as text (Genesis anchors, the engine's Marlin check), never
+# imported by the SIMULATED engine: in a stack image the real release's copy replaces them.
+REAL_WINS = frozenset({
+    "vllm/model_executor/kernels/linear/mixed_precision/marlin.py",
+    "vllm/model_executor/kernels/linear/mixed_precision/MPLinearKernel.py",
+    "vllm/model_executor/layers/mamba/gdn_linear_attn.py",
+    "vllm/v1/worker/gpu_worker.py",
+    "vllm/v1/worker/gpu_model_runner.py",
+})
+
+
+def release_wheel(version: str, cache_dir: Path) -> Path | None:
+    """The real wheel of the release nearest to `version` (rigfleet.upstream's choice), kept in
+    the cache; None where none can be had."""
+    wheels = Path(cache_dir) / "vllm-wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    for release in sources.release_candidates(version):
+        found = sorted(wheels.glob(f"vllm-{release}-*.whl"))
+        if found:
+            return found[0]
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                 "-d", str(wheels), f"vllm=={release}"], capture_output=True, text=True,
+                                check=False, timeout=1200)
+        found = sorted(wheels.glob(f"vllm-{release}-*.whl"))
+        if found:
+            return found[0]
+        log.info("stacks (SIMULATED): no wheel of vllm %s: %s", release, result.stderr.strip()[-200:])
+    return None
+
+
+def real_sources(version: str, cache_dir: Path) -> dict[str, bytes]:
+    """vllm/**.py of the real release wheel nearest to `version`, minus the files the SIMULATED
+    engine runs (REAL_WINS excepted); {} where no wheel can be had (a warning)."""
+    wheel = release_wheel(version, cache_dir)
+    if wheel is None:
+        log.warning("stacks (SIMULATED): no real vLLM wheel near %s: the stand-in carries no real sources", version)
+        return {}
+    standin = set(engine.standin_vllm_files(version))
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.read(name) for name in archive.namelist()
+                if name.startswith("vllm/") and name.endswith(".py") and (name not in standin or name in REAL_WINS)}
 
 
 def normalized(name: str) -> str:
@@ -129,10 +178,15 @@ def build(www: Path, root_tarball: Path, cache_dir: Path, base_url: str = HOST_U
     wheels = engine.fetch_pip_wheels(cache_dir)
     out: dict[str, dict[str, Any]] = {}
     for (name, pinset), spec in zip(real.items(), images(real), strict=True):
-        surface = surface_file(spec.vllm_version) if spec.pinset.startswith("stack-") else None
+        extra: dict[str, bytes] = {}
+        if spec.pinset.startswith("stack-"):  # a stand-in of its own (the seed reuses the sandbox's)
+            extra = real_sources(spec.vllm_version, cache_dir)
+            surface = surface_file(spec.vllm_version)
+            if surface:
+                extra[SURFACE_FILE] = surface
         built = engine.build_image_archive(
             www / "images" / engine.archive_name(spec), root_tarball, spec, cache_dir=cache_dir, wheels=wheels,
-            vllm_extra={SURFACE_FILE: surface} if surface else None)
+            vllm_extra=extra or None)
         archive = engine._url(base_url, "images", engine.archive_name(spec))
         out[name] = derive(name, pinset, built["digest"], archive, overlays, index)
     return out

@@ -37,6 +37,7 @@ from vllm.logger import init_logger, set_process
 from vllm.v1.core.kv_cache_utils import GIB, compute_kv_pool
 
 logger = init_logger(__name__)
+MARLIN_MIN_THREAD_N = 64  # GPTQ_MARLIN_MIN_THREAD_N upstream
 INT4_QUANT = {"auto_round", "auto-round", "gptq", "gptq_marlin", "awq", "awq_marlin", "inc"}
 ROUTES = ("/health", "/version", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions")
 
@@ -183,14 +184,24 @@ def _check_marlin(config: VllmConfig, markers: dict[str, str]) -> None:
     quant = (config.quantization or "").lower()
     if quant not in INT4_QUANT or config.tensor_parallel_size < 2:
         return
-    from vllm.model_executor.kernels.linear.mixed_precision import marlin
-
-    source = Path(marlin.__file__).read_text(encoding="utf-8")
-    if "_maybe_pad_n" in source or "P87" in markers:
+    path = genesis_state.package_dir() / "model_executor/kernels/linear/mixed_precision/marlin.py"
+    source = path.read_text(encoding="utf-8")
+    # the overlay's pad (_maybe_pad_n), Genesis P87, or a real release's file that carries the merged
+    # fix (0.27.1 zero-pads at weight prep: marlin_pad_qweight ...)
+    if "_maybe_pad_n" in source or "marlin_pad_" in source or "P87" in markers:
         logger.info("Using MarlinLinearKernel for GPTQMarlinLinearMethod (sub-tile N padded)")
         return
     # 96 gate heads split over TP=2 -> 48 < GPTQ_MARLIN_MIN_THREAD_N, the bug vllm#40361 fixes.
-    ok, message = marlin.check_marlin_supports_shape(96 // config.tensor_parallel_size)
+    per_partition = 96 // config.tensor_parallel_size
+    if "SIMULATED stand-in" in source:
+        from vllm.model_executor.kernels.linear.mixed_precision import marlin
+
+        ok, message = marlin.check_marlin_supports_shape(per_partition)
+    else:  # a real release's unpadded file (importing it needs torch): the same refusal
+        ok = per_partition % MARLIN_MIN_THREAD_N == 0
+        message = (f"Weight output_size_per_partition = {per_partition} is not divisible by min_thread_n = "
+                   f"{MARLIN_MIN_THREAD_N}. Consider reducing tensor_parallel_size or running with "
+                   "--quantization gptq.")
     if not ok:
         raise ValueError(message)
 
