@@ -17,6 +17,7 @@ from collections.abc import Generator
 from io import StringIO
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
@@ -325,6 +326,10 @@ def wheels_fetched(tag: str, from_ref: str, deps: dict[str, str], index_url: str
         return
     pins = " ".join(q(f"{name}=={version}") for name, version in sorted(deps.items()))
     index = f" --index-url {q(index_url)}" if index_url else ""
+    if index_url and index_url.startswith("http://") and urlsplit(index_url).hostname:
+        # pip ignores a plain-HTTP index unless its host is trusted ("from versions: none"); the
+        # pin set's author chose http:// for an internal mirror, so it is trusted for this download
+        index += f" --trusted-host {q(str(urlsplit(index_url).hostname))}"
     yield script(
         f"image {tag}: python deps as wheels", build_log(tag),
         f'W={q(build + "/wheels")}', 'rm -rf "$W" && mkdir -p "$W"',

@@ -241,6 +241,14 @@ def test_image_python_deps_become_wheels_from_the_base_image() -> None:
     assert "docker run --rm --entrypoint python3" in wheels.text
     assert "vllm/vllm-openai:nightly-x -m pip download" in wheels.text
     assert "--index-url https://pypi.example/simple" in wheels.text and "xxhash==3.5.0" in wheels.text
+    assert "--trusted-host" not in wheels.text
+
+
+def test_a_plain_http_index_is_trusted_for_the_download() -> None:
+    # pip ignores an http:// index without --trusted-host, so the download found "versions: none"
+    ctx = make_ctx(pinset_data(python_deps={"xxhash": "3.5.0"}, pip_index_url="http://mirror.lan:8080/simple/"))
+    wheels = next(s for s in plan(vllm_image, ctx, image_facts()) if "wheels" in s.name)
+    assert "--index-url http://mirror.lan:8080/simple/ --trusted-host mirror.lan" in wheels.text
 
 
 def test_image_genesis_tarball_verified_by_sha256() -> None:

@@ -72,6 +72,14 @@ def repin(inventory: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def diagnose(sandbox: Sandbox) -> str:
+    """What a failed leg left on the rig: the image build logs' tails and the engine containers' logs."""
+    found = sandbox.ssh(RIG, "sudo sh -c 'for f in /var/log/rigfleet/image-build-*.log; do echo \"== $f\"; "
+                             "tail -n 40 \"$f\"; done; for c in $(docker ps -aq); do echo \"== container $c\"; "
+                             "docker logs --tail 60 $c 2>&1; done'", check=False)
+    return found.stdout[-12000:] + found.stderr[-2000:]
+
+
 def current(sandbox: Sandbox) -> dict[str, Any]:
     """The ledger's current release ({} on a rig that never served)."""
     found = sandbox.ssh(RIG, f"sudo cat {LEDGER}", check=False)
@@ -101,6 +109,8 @@ def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, invento
     pin(inventory, pinset, variant)
     before = current(sandbox)
     first = repin(inventory)
+    if first.returncode != 0:
+        print(diagnose(sandbox))
     assert first.returncode == 0, first.stdout[-3000:]
     assert "re-pin complete" in first.stdout
     if before:  # the diff is worked out from the rig's own release record, no --from
