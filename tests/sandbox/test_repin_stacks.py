@@ -182,8 +182,9 @@ def v12_refused_by_the_gate(sandbox: Sandbox, first: subprocess.CompletedProcess
     # what does hold: the real tree at its commit, installed with its plugin entry point
     assert label(sandbox, image, "io.rigfleet.genesis-commit") == V12_TREE
     assert V12_TREE in build_log(sandbox, image), "the build log names the real commit"
-    plugin = in_image(sandbox, image, 'python3 -c "import importlib.metadata as m; '
-                                      'print([e.value for e in m.entry_points(group=\"vllm.general_plugins\")])"')
+    plugin = in_image(sandbox, image, 'python3 -c "import sys, importlib.metadata as m; '
+                                      'print([e.value for e in m.entry_points(group=sys.argv[1])])" '
+                                      'vllm.general_plugins')
     assert "sndr.plugin:register" in plugin.stdout, plugin.stdout + plugin.stderr
     # why the gate refuses it: the tree's own result line and its FAILED lines
     applied = tree_apply_by_hand(sandbox, release)
