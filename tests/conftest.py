@@ -21,7 +21,7 @@ SANDBOX_MODULE_MINUTES = {
     "test_faults": 5, "test_serving_faults": 5, "test_host_layer": 8, "test_security": 4,
     "test_image": 3, "test_serving_allowlist": 3, "test_lifecycle": 2, "test_status": 2,
     "test_hostkeys": 1, "test_host_layer_bookworm": 7, "test_host_layer_distro": 7,
-    "test_monitoring": 10, "test_host_faults": 9, "test_report": 4, "test_repin_stacks": 1,
+    "test_monitoring": 10, "test_host_faults": 9, "test_report": 4, "test_repin_stacks": 6,
     "test_gateway": 10,
     "test_verify_faults": 5,
 }

@@ -2,8 +2,9 @@
 the seed pin set (the real Genesis v7.72.2 tree cloned through the mirror map from the real
 repository's git bundle), the stock v0.27.1 pin set (no patch tree), the SNDR v12 pin set (the real
 v12.0.0 tree, installed editable from the sandbox's index of real wheels) and back to the seed;
-after each, a second `rigfleet repin` changes nothing. Each leg starts from whatever the rig's
-ledger says it serves (a leg whose gate failed leaves the rig on its previous release).
+after each passing leg, a second `rigfleet repin` changes nothing. Each leg starts from whatever
+the rig's ledger says it serves (a leg whose gate failed leaves the rig on its previous release).
+The v12 leg does not pass: it asserts the exact reason its gate fails (V12_FAILS below).
 
 The pin sets are the shipped ones with only what a sandbox cannot have replaced
 (rigfleet_sandbox.stacks: stand-in base images of the real tags and vLLM versions, the sandbox's
@@ -11,6 +12,7 @@ overlay files, its package index). The engine that serves is SIMULATED.
 
 Run it under the sandbox slot wrapper:
     /work/coord/e2e .venv/bin/pytest -q -p no:cacheprovider tests/sandbox/test_repin_stacks.py
+(about 5 minutes once the two vLLM release wheels are in the engine cache)
 """
 
 from __future__ import annotations
@@ -43,12 +45,7 @@ SEED, STOCK, V12 = "seed-2026-05", "stock-v0-27-1", "sndr-v12"
 SEED_TREE, V12_TREE = "7b9fd3194ee6efa1644973383cd44ee5604a5d85", "7aa66f9ac6bc22b8e0d71cff75bf26ebbbd5ae97"
 LEGS = [(SEED, "tq3-nomtp"), (STOCK, "tq3-nomtp"), (V12, "tq3-mtp-sndr"), (SEED, "tq3-nomtp")]
 
-# Not yet seen passing: written in session 5, the sandbox slots were taken until its end. Run it
-# with RIGFLEET_RUN_REPIN_STACKS=1 and drop this guard once it passes (expected: the v12 leg's gate
-# fails, see README "The shipped stacks in the sandbox").
-pytestmark = [pytest.mark.sandbox,
-              pytest.mark.skipif(os.environ.get("RIGFLEET_RUN_REPIN_STACKS") != "1",
-                                 reason="not yet seen passing in the sandbox; RIGFLEET_RUN_REPIN_STACKS=1 runs it")]
+pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +161,13 @@ def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, invento
 
 # The real SNDR v12.0.0 apply step, run against the real vLLM sources of the nearest release
 # (0.23.0; the pinned nightly dev424 is not on PyPI) in a stand-in without torch, cannot report
-# 0 failed: two patches import torch-backed vLLM modules to install themselves. The health gate
-# refuses the release (no silent vanilla) and the rig goes back to what it served. This leg is
-# BLOCKED until the stand-in carries torch and vLLM's runtime dependencies (see README).
-V12_NEEDS_TORCH = {"PN364": ("numpy", "torch"), "G4_84": ("torch",)}
+# 0 failed: two patches import torch-backed vLLM modules to install themselves, and PN119 runs the
+# GNU `patch` program, which the stand-in's Debian root does not have. The health gate refuses the
+# release (no silent vanilla) and the rig goes back to what it served. This leg is BLOCKED until
+# the stand-in carries torch and vLLM's runtime dependencies (see README).
+V12_FAILS = {"PN364": ("No module named 'numpy'", "No module named 'torch'"),
+             "G4_84": ("No module named 'torch'",),
+             "PN119": ("No such file or directory: 'patch'",)}
 
 
 def v12_refused_by_the_gate(sandbox: Sandbox, first: subprocess.CompletedProcess[str],
@@ -193,6 +193,6 @@ def v12_refused_by_the_gate(sandbox: Sandbox, first: subprocess.CompletedProcess
     assert applied.returncode == 1 and report.results, applied.stdout[-3000:]
     assert report.results[-1][0] > 0, "real patches applied to the real vLLM sources"
     failed = dict(re.findall(r"\[Genesis\]\s*FAILED:\s*(\S+)(.*)", applied.stdout))
-    assert set(failed) == set(V12_NEEDS_TORCH), report.failures
-    for patch, modules in V12_NEEDS_TORCH.items():
-        assert any(f"No module named '{m}'" in failed[patch] for m in modules), failed[patch]
+    assert set(failed) == set(V12_FAILS), report.failures
+    for patch, reasons in V12_FAILS.items():
+        assert any(reason in failed[patch] for reason in reasons), failed[patch]
