@@ -120,7 +120,10 @@ def failed_release(out: str) -> str:
     return found[-1]
 
 
-@pytest.mark.parametrize(("leg", "target"), list(enumerate(LEGS)), ids=[f"{i}-{p}" for i, (p, _) in enumerate(LEGS)])
+LEG_IDS = [f"{i}-{p}" + ("-gate-refuses-blocked" if p == V12 else "") for i, (p, _) in enumerate(LEGS)]
+
+
+@pytest.mark.parametrize(("leg", "target"), list(enumerate(LEGS)), ids=LEG_IDS)
 def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, inventory: Path, leg: int,
                                                        target: tuple[str, str],
                                                        real_upstream_cache: Path) -> None:  # noqa: F811
