@@ -53,7 +53,7 @@ def cuda_repo(rig: Rig, where: Target) -> AptRepo:
     cuda = catalog.repos()["cuda"]
     url = cuda["url_template"].format(distro=where.cuda_slug)
     key = cuda["keys"][where.cuda_slug]  # each release's repository has its own signing key
-    return AptRepo(url=url, key_url=f"{url}{key['file']}", key_fingerprint=key["fingerprint"])
+    return AptRepo(url=url, key_url=key["key_url"], key_fingerprint=key["fingerprint"])
 
 
 def pinned(package: str, version: str | None) -> str:
