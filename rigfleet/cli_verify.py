@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import rollout, verify
+from rigfleet import gate, rollout, verify
 from rigfleet.cli_common import err, load_checked, user_errors, warn
 
 FAILED = 1
@@ -59,7 +59,8 @@ def verify_command(rigs: tuple[str, ...], level: str, group: str | None, timeout
         with lock:
             err.print(f"{rig:<{width}}  {line}", markup=False, highlight=False)
 
-    results = verify.run(names, level, timeout_s, verify.ssh_connect(fleet), say)
+    settings = {rig.name: gate.rig_settings(rig) for rig in fleet.rigs if rig.name in names}
+    results = verify.run(names, level, timeout_s, verify.ssh_connect(fleet), say, settings)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=2))
     else:

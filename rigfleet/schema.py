@@ -180,6 +180,9 @@ class Rig(Strict):
     # rollout
     gate: Literal["basic", "full"] = "basic"
     gate_timeout_s: int = Field(600, ge=10, le=7200)
+    # the gate's and verify's VRAM check: most MiB nvidia-smi's memory.used (all GPUs) may grow over
+    # the turns of a soak; 200 is club-3090's soak limit (research/club3090.md section 7)
+    vram_growth_max_mib: int = Field(200, ge=1, le=65536)
     # the fleet's gateway (rigfleet.gateway): set on the rigs of the `gateway` group, or fleet-wide
     gateway_port: int = Field(4000, ge=1024, le=65535)  # where clients reach the one endpoint
     gateway_bind_address: str = "127.0.0.1"

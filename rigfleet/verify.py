@@ -118,8 +118,12 @@ def budget_s(level: str, timeout_s: int) -> float:
     return PHASES[level] * timeout_s + SSH_MARGIN_S
 
 
-def probe_spec(level: str, timeout_s: int) -> str:
+def probe_spec(level: str, timeout_s: int, settings: dict[str, Any] | None = None) -> str:
+    """The probe's files and arguments; `settings` (the rig's inventory thresholds now) win over
+    the ones its release.json was written with."""
     args = [RELEASE_DIR, "--level", level, "--timeout", str(timeout_s)]
+    if settings:
+        args += ["--settings", json.dumps(settings, sort_keys=True)]
     return json.dumps({"files": gate.rig_files(), "args": args})
 
 
@@ -149,7 +153,8 @@ def write_ledger(run: Exec, raw: dict[str, Any]) -> bool:
     return code == 0
 
 
-def verify_rig(rig: str, run: Exec, level: str, timeout_s: int, say: Callable[[str, str], None]) -> RigResult:
+def verify_rig(rig: str, run: Exec, level: str, timeout_s: int, say: Callable[[str, str], None],
+               settings: dict[str, Any] | None = None) -> RigResult:
     """The ladder up to `level` on one rig, then its verdict in the rig's ledger."""
     result = RigResult(rig, level)
     started, clock = ledger.now(), time.monotonic()
@@ -166,7 +171,7 @@ def verify_rig(rig: str, run: Exec, level: str, timeout_s: int, say: Callable[[s
             if line.startswith("[gate] "):
                 say(rig, line[len("[gate] "):])
 
-        _, out = run(BOOT_COMMAND, probe_spec(level, timeout_s), progress, budget_s(level, timeout_s))
+        _, out = run(BOOT_COMMAND, probe_spec(level, timeout_s, settings), progress, budget_s(level, timeout_s))
         verdict = gate.parse_output(out)
         result.ok = bool(verdict.get("ok"))
         result.checks = [{k: c.get(k) for k in ("name", "ok", "detail", "warning")} for c in verdict.get("checks", [])]
@@ -189,8 +194,9 @@ Connect = Callable[[list[str]], contextlib.AbstractContextManager[dict[str, Exec
 
 
 def run(names: list[str], level: str, timeout_s: int, connect: Connect,
-        say: Callable[[str, str], None]) -> list[RigResult]:
-    """Every rig at once, one thread each; results in the order given."""
+        say: Callable[[str, str], None], settings: dict[str, dict[str, Any]] | None = None) -> list[RigResult]:
+    """Every rig at once, one thread each; results in the order given. `settings`: per rig, the
+    probe settings from the inventory (gate.rig_settings)."""
     with connect(names) as execs:
         results: dict[str, RigResult] = {}
         workers = [name for name in names if callable(execs.get(name))]
@@ -201,7 +207,8 @@ def run(names: list[str], level: str, timeout_s: int, connect: Connect,
                 results[name] = RigResult(name, level, reachable=False, error=why)
                 say(name, results[name].error or "")
         with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
-            futures = {name: pool.submit(verify_rig, name, execs[name], level, timeout_s, say)  # type: ignore[arg-type]
+            futures = {name: pool.submit(verify_rig, name, execs[name], level, timeout_s, say,  # type: ignore[arg-type]
+                                         (settings or {}).get(name))
                        for name in workers}
             for name, future in futures.items():
                 results[name] = future.result()

@@ -21,6 +21,15 @@ def rig_files() -> dict[str, str]:
     return {name: (GATE_DIR / name).read_text(encoding="utf-8") for name in ON_RIG_FILES}
 
 
+# Inventory fields (rigfleet.schema.Rig) that become the probe's settings (checks.DEFAULTS keys):
+# written into release.json for the swap gate, and handed to `rigfleet verify`'s probe as they are now.
+RIG_SETTINGS = ("vram_growth_max_mib",)
+
+
+def rig_settings(rig: Any) -> dict[str, Any]:
+    return {name: getattr(rig, name) for name in RIG_SETTINGS}
+
+
 def parse_output(stdout: str) -> dict[str, Any]:
     """The probe's JSON result (its last JSON line); a failed result when there is none."""
     for line in reversed(stdout.splitlines()):

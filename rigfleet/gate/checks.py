@@ -604,15 +604,21 @@ def check_limit(status: int, body: Any, tokens: int, health_after: int) -> Check
     return Check("limit_probe", True, f"answered at {used or tokens} prompt tokens, healthy after")
 
 
-def check_vram_growth(before_mib: int | None, after_mib: int | None,
-                      maximum: int = VRAM_GROWTH_MAX_MIB) -> Check:
+def check_vram_growth(before_mib: int | None, after_mib: int | None, maximum: int = VRAM_GROWTH_MAX_MIB,
+                      name: str = "vram_growth") -> Check:
+    """GPU memory in use (nvidia-smi, every GPU summed) before and after turns of traffic. It runs
+    only on an engine that serves a model, whose weights and KV pool hold GPU memory: a reading that
+    is missing or 0 MiB means nvidia-smi cannot see the engine, and proves nothing (a failure)."""
     if before_mib is None or after_mib is None:
-        return Check("vram_growth", False, "nvidia-smi did not report memory.used", warning=True)
+        return Check(name, False, "could not measure: nvidia-smi did not report memory.used")
+    if before_mib <= 0 or after_mib <= 0:
+        return Check(name, False, f"could not measure: nvidia-smi reads {before_mib} -> {after_mib} MiB in use "
+                     "while the engine serves a model (it does not see the engine's memory)")
     grown = after_mib - before_mib
     detail = f"{before_mib} -> {after_mib} MiB ({grown:+d} MiB)"
     if grown > maximum:
-        return Check("vram_growth", False, f"{detail}, more than {maximum} MiB")
-    return Check("vram_growth", True, detail)
+        return Check(name, False, f"{detail}, more than {maximum} MiB")
+    return Check(name, True, f"{detail}, at most {maximum} MiB")
 
 
 def check_retention(first: tuple[int, float], last: tuple[int, float], minimum: float = RETENTION_MIN) -> Check:

@@ -2,7 +2,8 @@
 
 Levels (each includes the one before): smoke (= the swap gate's `basic`: running, /health, models,
 one completion, boot log), full (long-output degeneracy, streaming, tool calls, salted needles,
-a short multi-turn soak, MTP acceptance; the swap gate's `full`), stress (needles at several
+a short multi-turn soak with VRAM growth from nvidia-smi over it, MTP acceptance; the swap gate's
+`full`), stress (needles at several
 depths up to the planned context and a limit probe at max_model_len), soak (sessions x turns of
 multi-turn traffic: empty replies, VRAM growth from nvidia-smi, throughput retention).
 
@@ -147,12 +148,13 @@ def gpu_memory_used() -> int | None:
 
 
 class Gate:
-    def __init__(self, release_dir: Path, level: str, timeout: float) -> None:
+    def __init__(self, release_dir: Path, level: str, timeout: float,
+                 settings: dict[str, Any] | None = None) -> None:
         self.release_dir = release_dir
         self.meta: dict[str, Any] = json.loads((release_dir / "release.json").read_text(encoding="utf-8"))
         self.level = ALIASES.get(level, level)
         self.timeout = timeout
-        self.settings = dict(checks.DEFAULTS) | dict(self.meta.get("gate") or {})
+        self.settings = dict(checks.DEFAULTS) | dict(self.meta.get("gate") or {}) | dict(settings or {})
         env = read_env_file(release_dir / ENV_FILE)
         self.secrets = [v for k, v in env.items() if v and k in ("VLLM_API_KEY", "HUGGING_FACE_HUB_TOKEN")]
         self.api = Api(self.meta["base_url"], env.get("VLLM_API_KEY"))
@@ -303,6 +305,7 @@ class Gate:
             prompt = checks.needle_prompt(checks.make_haystack(int(tokens), secret, salt, rng, rng.uniform(0.2, 0.8)))
             self.checks.append(self.needle(int(tokens), prompt, secret, deadline))
         replies: list[tuple[int, Any]] = []
+        vram_before = gpu_memory_used()
         for session in range(int(self.settings["soak_sessions"])):
             messages: list[dict[str, str]] = []
             for turn in range(int(self.settings["soak_turns"])):
@@ -315,6 +318,7 @@ class Gate:
                 messages.append({"role": "assistant", "content": checks.reply_text(body)})
         log(f"soak: {len(replies)} turns")
         self.checks.append(checks.check_soak(replies))
+        self.checks.append(self.vram_growth(vram_before, "vram_growth"))
         if mtp:
             after = checks.parse_metrics(self._metrics())
             check = checks.check_acceptance(before, after, float(self.settings["acceptance_min"]))
@@ -395,14 +399,19 @@ class Gate:
         if soak.ok and len(replies) < planned:
             soak = Check("soak_long", False, f"{len(replies)} of {planned} turns in the time budget")
         self.checks.append(soak)
-        self.checks.append(checks.check_vram_growth(vram_before, gpu_memory_used(),
-                                                    int(self.settings["vram_growth_max_mib"])))
+        self.checks.append(self.vram_growth(vram_before, "vram_growth_long"))
         window = max(1, len(timings) // 5)
         first = (sum(t for t, _ in timings[:window]), sum(s for _, s in timings[:window]))
         last = (sum(t for t, _ in timings[-window:]), sum(s for _, s in timings[-window:]))
         self.out["soak"] = {"turns": len(replies), "vram_before_mib": vram_before,
                             "empty": sum(1 for st, b in replies if checks.silent_empty(st, b))}
         self.checks.append(checks.check_retention(first, last, float(self.settings["retention_min"])))
+
+    def vram_growth(self, before_mib: int | None, name: str) -> checks.Check:
+        """nvidia-smi's memory.used now against `before_mib`, read before the turns just sent (full: the
+        short soak; soak: its sessions); the limit is the release's or the inventory's setting."""
+        return checks.check_vram_growth(before_mib, gpu_memory_used(), int(self.settings["vram_growth_max_mib"]),
+                                        name)
 
     def _metrics(self) -> str:
         status, body = self.api.request("GET", "/metrics", timeout=30)
@@ -437,12 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("release_dir", type=Path)
     parser.add_argument("--level", choices=(*LEVELS, *ALIASES), default=None)
     parser.add_argument("--timeout", type=float, default=None, help="seconds for readiness (and again for full)")
+    parser.add_argument("--settings", type=json.loads, default=None,
+                        help="JSON object of settings over release.json's (verify: the inventory's now)")
     args = parser.parse_args(argv)
     try:
         meta = json.loads((args.release_dir / "release.json").read_text(encoding="utf-8"))
         level = args.level or meta.get("gate", {}).get("level", "basic")
         timeout = args.timeout or float(meta.get("gate", {}).get("timeout_s", 600))
-        result = Gate(args.release_dir, level, timeout).run()
+        result = Gate(args.release_dir, level, timeout, args.settings).run()
     except Exception as exc:  # the caller needs JSON whatever happened
         result = {"ok": False, "checks": [Check("gate", False, f"{type(exc).__name__}: {exc}").to_dict()]}
     print(json.dumps(result))

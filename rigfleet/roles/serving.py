@@ -11,7 +11,7 @@ from ipaddress import ip_address
 
 from pyinfra.api import deploy
 
-from rigfleet import gateway, planner
+from rigfleet import gate, gateway, planner
 from rigfleet.context import RigContext
 from rigfleet.operations import serving as ops
 from rigfleet.render import ENV_FILE, SECRET_ENV
@@ -65,7 +65,7 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
         "max_model_len": variant.max_model_len,
         "kv_predicted": planner.predict(rig, variant).kv_pool_tokens,
         "cache_key": rel.cache_key(),
-        "gate": {"level": rig.gate, "timeout_s": rig.gate_timeout_s},
+        "gate": {"level": rig.gate, "timeout_s": rig.gate_timeout_s, **gate.rig_settings(rig)},
     })
     return ops.ReleaseSpec(
         rig=rig.name,

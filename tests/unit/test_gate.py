@@ -242,3 +242,24 @@ def test_rig_files_are_stdlib_only() -> None:
     for text in files.values():
         imports = [line for line in text.splitlines() if line.startswith(("import ", "from "))]
         assert not [line for line in imports if "rigfleet" in line or "pyinfra" in line], imports
+
+
+def test_vram_growth_within_the_limit_passes_and_over_it_fails() -> None:
+    flat = checks.check_vram_growth(43_000, 43_064, 200)
+    assert flat.ok and not flat.warning and "+64 MiB" in flat.detail
+    assert checks.check_vram_growth(43_000, 43_200, 200).ok  # the limit itself is allowed
+    grown = checks.check_vram_growth(43_000, 44_536, 200, "vram_growth_long")
+    assert (grown.name, grown.ok, grown.warning) == ("vram_growth_long", False, False)
+    assert "+1536 MiB" in grown.detail and "200 MiB" in grown.detail
+    assert checks.check_vram_growth(44_000, 43_000, 200).ok  # memory handed back is no leak
+
+
+@pytest.mark.parametrize(("before", "after"), [(None, 43_000), (43_000, None), (None, None), (0, 0), (0, 43_000),
+                                               (43_000, 0)])
+def test_vram_reading_missing_or_zero_is_not_a_pass(before: int | None, after: int | None) -> None:
+    """The check runs on an engine that serves a model: 0 MiB in use means nvidia-smi does not see
+    it (a blind reading), which must fail, not pass as "no growth" or fade into a warning."""
+    check = checks.check_vram_growth(before, after, 200)
+    assert not check.ok and not check.warning
+    assert check.detail.startswith("could not measure")
+    assert not checks.passed([check])

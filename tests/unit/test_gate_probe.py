@@ -146,7 +146,14 @@ def fake_docker(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(probe, "docker", docker)
     monkeypatch.setattr(probe, "POLL_S", 0.05)
-    return {"container": container, "logs": logs}
+    vram = {"mib": 43_000, "step": 0}  # nvidia-smi's memory.used; `step` MiB more at each reading
+
+    def memory_used() -> int | None:
+        vram["mib"] += vram["step"]
+        return vram["mib"]
+
+    monkeypatch.setattr(probe, "gpu_memory_used", memory_used)
+    return {"container": container, "logs": logs, "vram": vram}
 
 
 def run_gate(directory: Path, level: str, timeout: float = 10) -> dict[str, Any]:
@@ -169,6 +176,24 @@ def test_healthy_engine_passes_full(engine: tuple[Engine, str], fake_docker: dic
     assert all(a == "Bearer sk-test-123" for a in state.auth if a)  # the key from the 0600 env file
     assert all(r["temperature"] == 0 for r in state.requests)
     assert "sk-test-123" not in json.dumps(result)  # redacted from the log tail
+
+
+def test_full_fails_on_vram_growth_and_on_a_blind_nvidia_smi(engine: tuple[Engine, str], fake_docker: dict[str, Any],
+                                                            tmp_path: Path) -> None:
+    _, url = engine
+    fake_docker["vram"]["step"] = 300
+    grown = run_gate(release_dir(tmp_path, url), "full")
+    assert failed_names(grown) == {"vram_growth"}, grown["checks"]
+    fake_docker["vram"]["step"] = 0
+    assert run_gate(release_dir(tmp_path, url, vram_growth_max_mib=1000), "full")["ok"]  # release.json's limit
+    fake_docker["vram"]["step"] = 300
+    assert run_gate(release_dir(tmp_path, url, vram_growth_max_mib=1000), "full")["ok"]
+    loose = probe.Gate(release_dir(tmp_path, url), "full", 10, {"vram_growth_max_mib": 400}).run()
+    assert loose["ok"], loose["checks"]  # the settings verify passes win over release.json
+    fake_docker["vram"].update(mib=0, step=0)
+    blind = run_gate(release_dir(tmp_path, url), "full")
+    assert failed_names(blind) == {"vram_growth"}
+    assert next(c["detail"] for c in blind["checks"] if c["name"] == "vram_growth").startswith("could not measure")
 
 
 def test_basic_level_skips_the_full_checks(engine: tuple[Engine, str], fake_docker: dict[str, Any],

@@ -315,6 +315,33 @@ def test_runtime_hook_injects_visible_gpus(run: Run, sim: dict[str, Path]) -> No
     assert seen.stdout == f"0, {host[1]}, 00000000:02:00.0\n"  # renumbered, host UUID kept
 
 
+def test_host_nvidia_smi_sees_the_memory_of_an_engine_in_a_container(run: Run, sim: dict[str, Path]) -> None:
+    """As the real driver does: the engine in the container writes its compute-apps.json in its own
+    root (the hook's /run/nvidia-sim there); the host's nvidia-smi finds it through /proc/PID/root
+    (a fake proc tree here), with the host pid and the host's GPU index, while that process lives."""
+    bundle = _bundle(sim["tmp"], ["NVIDIA_VISIBLE_DEVICES=1"])
+    state = json.dumps({"ociVersion": "1.2.0", "id": "x", "pid": 1, "bundle": str(bundle)})
+    assert run("nvidia-container-runtime-hook", "prestart", stdin=state).returncode == 0
+    inner = bundle / "rootfs" / "run/nvidia-sim"
+    # pid 7 in the container; pid 9 is a stale entry of an engine that is gone
+    (inner / "compute-apps.json").write_text(json.dumps(
+        [{"pid": 7, "process_name": "python3", "used_memory_mib": 21500, "gpu": 0},
+         {"pid": 9, "process_name": "python3", "used_memory_mib": 999, "gpu": 0}]))
+    proc = sim["tmp"] / "proc"
+    for host_pid, nspid in ((4242, "4242\t7"), (4243, "4243\t8"), (1, "1")):
+        (proc / str(host_pid)).mkdir(parents=True)
+        (proc / str(host_pid) / "status").write_text(f"Name:\tpython3\nNSpid:\t{nspid}\n")
+        (proc / str(host_pid) / "root").symlink_to(bundle / "rootfs" if host_pid != 1 else "/")
+    query = ("--query-gpu=index,memory.used", "--format=csv,noheader")
+    assert run("nvidia-smi", *query).stdout == "0, 0 MiB\n1, 0 MiB\n"  # no proc tree: the state dir only
+    assert run("nvidia-smi", *query, RIGFLEET_SIM_PROC=str(proc)).stdout == "0, 0 MiB\n1, 21500 MiB\n"
+    apps = run("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader",
+               RIGFLEET_SIM_PROC=str(proc))
+    assert apps.stdout == "4242, 21500 MiB\n"
+    shutil.rmtree(proc / "4242")  # the engine exited
+    assert run("nvidia-smi", *query, RIGFLEET_SIM_PROC=str(proc)).stdout == "0, 0 MiB\n1, 0 MiB\n"
+
+
 def test_runtime_hook_failures(run: Run, sim: dict[str, Path]) -> None:
     bundle = _bundle(sim["tmp"], ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_REQUIRE_CUDA=cuda>=13.1"])
     state = json.dumps({"bundle": str(bundle)})

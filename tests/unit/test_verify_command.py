@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from rigfleet import ledger, verify
 from rigfleet.cli import main
 from rigfleet_sandbox import aptrepo, engine
+from tests.unit.test_guard import set_host
 from tests.unit.test_sim_engine import PIN_A, Served
 from tests.unit.test_verify_ladder import ARGS, GATE
 
@@ -174,6 +175,23 @@ def test_soak_catches_a_late_failure_that_full_lets_through(rigs: Any, example_i
     assert soak.exit_code == 1, soak.output
     assert "soak_long" in json.loads(soak.stdout)[0]["failed"]
     assert [(v["level"], v["result"]) for v in verifications(root)] == [("full", "passed"), ("soak", "failed")]
+
+
+def test_vram_growth_fails_full_and_the_inventory_limit_reaches_the_probe(rigs: Any, example_inventory: Path) -> None:
+    """The engine's memory grows 64 MiB per GPU each request: the full level's short soak (2 x 3
+    turns here) grows it by 768 MiB, over the default 200; a rig whose inventory allows 5000 passes
+    (verify hands the inventory's limit to the probe, over the release.json it was deployed with)."""
+    rigs("rig-01", "vram-growth")
+    failed = run(example_inventory, "rig-01", "--level", "full", "--timeout", "120", "--json")
+    assert failed.exit_code == 1, failed.output
+    [row] = json.loads(failed.stdout)
+    assert row["failed"] == ["vram_growth"]
+    assert "more than 200 MiB" in next(c["detail"] for c in row["checks"] if c["name"] == "vram_growth")
+    set_host(example_inventory, "rig-01", vram_growth_max_mib=5000)
+    loose = run(example_inventory, "rig-01", "--level", "full", "--timeout", "120", "--json")
+    assert loose.exit_code == 0, loose.output
+    assert "at most 5000 MiB" in next(c["detail"] for c in json.loads(loose.stdout)[0]["checks"]
+                                      if c["name"] == "vram_growth")
 
 
 def test_unreachable_and_not_serving_rigs_fail(rigs: Any, example_inventory: Path) -> None:

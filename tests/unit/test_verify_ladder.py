@@ -90,13 +90,13 @@ def test_healthy_engine_passes_every_level(rig: Any) -> None:
     full = verify(directory, "full")
     assert full["ok"], failed(full)
     assert {"streaming", "tool_call", "tool_call_stream", "degeneracy", "long_output", "needle_2k",
-            "needle_6k", "soak", "mtp_acceptance"} <= names(full)
+            "needle_6k", "soak", "vram_growth", "mtp_acceptance"} <= names(full)
     stress = verify(directory, "stress")
     assert stress["ok"], [c for c in stress["checks"] if not c["ok"]]
     assert {"needle_4k_at_10", "needle_12k_at_90", "limit_probe"} <= names(stress)
     soak = verify(directory, "soak")
     assert soak["ok"], [c for c in soak["checks"] if not c["ok"]]
-    assert {"soak_long", "vram_growth", "throughput_retention"} <= names(soak)
+    assert {"soak_long", "vram_growth_long", "throughput_retention"} <= names(soak)
     assert soak["soak"]["turns"] == 40 and soak["soak"]["vram_before_mib"] > 0
     smoke = verify(directory, "smoke")
     assert smoke["ok"] and "streaming" not in names(smoke)
@@ -110,7 +110,7 @@ def test_healthy_engine_passes_every_level(rig: Any) -> None:
     ("bad-tool-json", "full", "tool_call"),
     ("low-acceptance", "full", "mtp_acceptance"),
     ("needle-miss", "full", "needle_2k"),
-    ("vram-growth", "soak", "vram_growth"),
+    ("vram-growth", "full", "vram_growth"),
 ])
 def test_each_fault_fails_the_check_that_names_it(rig: Any, fault: str, level: str, check: str) -> None:
     result = verify(rig(fault), level)
@@ -118,6 +118,19 @@ def test_each_fault_fails_the_check_that_names_it(rig: Any, fault: str, level: s
     assert check in failed(result), result["checks"]
     detail = next(c["detail"] for c in result["checks"] if c["name"] == check)
     assert detail
+
+
+def test_a_slow_vram_leak_passes_full_and_fails_the_soak(rig: Any) -> None:
+    """10 MiB per GPU a request: the full level's 6 short-soak turns grow 120 MiB (within 200), the
+    soak's 40 turns 800 MiB."""
+    directory = rig("vram-growth", RIGFLEET_SANDBOX_VRAM_STEP_MIB="10")
+    full = verify(directory, "full")
+    assert full["ok"], failed(full)
+    assert "(+120 MiB)" in next(c["detail"] for c in full["checks"] if c["name"] == "vram_growth")
+    soak = verify(directory, "soak")
+    assert failed(soak) == {"vram_growth_long"}, soak["checks"]
+    assert "(+800 MiB), more than 200 MiB" in next(c["detail"] for c in soak["checks"]
+                                                   if c["name"] == "vram_growth_long")
 
 
 def test_broken_tool_json_fails_the_streamed_call_too(rig: Any) -> None:
