@@ -21,7 +21,8 @@ One failure each, for the verify ladder (vllm._sim.degrade applies them; the N a
 * low-acceptance  MTP drafts are almost never accepted (mean acceptance length ~1.1).
 * needle-miss     questions about a secret planted in the prompt are answered "not found".
 * vram-growth     each request adds RIGFLEET_SANDBOX_VRAM_STEP_MIB (default 64) to the GPU memory
-                  the engine reports to the stand-in nvidia-smi (compute-apps.json in its state dir).
+                  the engine reports to the stand-in nvidia-smi (compute-apps.json in its state dir;
+                  in a container, the rig's nvidia-smi reads it through /proc/PID/root).
 * late-failure    healthy for RIGFLEET_SANDBOX_LATE_AFTER requests (default 60: more than the swap
                   gate sends, fewer than a soak), then the garbage-output behaviour.
 Several faults may be given comma-separated; unknown names are logged and ignored.
