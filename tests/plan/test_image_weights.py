@@ -679,6 +679,33 @@ def test_sndr_v12_image_plan_matches_its_golden_file() -> None:
     assert text == golden.read_text(encoding="utf-8"), f"the plan differs from {golden}"
 
 
+def test_v12_build_refuses_a_base_image_without_the_programs_its_tree_runs(tmp_path: Path) -> None:
+    """PN119 runs GNU patch at apply time: the v12 build checks the base image has it (the real
+    vllm-openai image does), so a base without it fails the build naming program, tree and
+    package, instead of the patch failing at every boot. Run for real with and without `patch`."""
+    programs = catalog.patch_tree_kinds()["sndr-v12"]["runtime_programs"]
+    assert programs == {"patch": "patch"}
+    script = render.image_files(sndr_ctx().pinset)["rigfleet-build.sh"]
+    checks = [line for line in script.splitlines() if line.startswith("command -v ")]
+    assert len(checks) == 1, checks
+    real = shutil.which("patch")
+    assert real, "GNU patch on this machine (Debian package patch)"
+    bins = {"with": tmp_path / "with", "without": tmp_path / "without"}
+    for path in bins.values():
+        path.mkdir()
+    (bins["with"] / "patch").symlink_to(real)
+    runs = {name: subprocess.run([shutil.which("sh") or "/bin/sh", "-c", "set -eu\n" + checks[0] + "\necho built"],
+                                 env={"PATH": str(path)}, capture_output=True, text=True)
+            for name, path in bins.items()}
+    assert runs["with"].returncode == 0 and runs["with"].stdout == "built\n", runs["with"].stderr
+    assert runs["without"].returncode == 1 and "built" not in runs["without"].stdout
+    assert runs["without"].stderr == ("rigfleet: the base image has no patch program, which the SNDR v12 tree "
+                                      "runs at apply time; install package patch in the base image\n")
+    # a v7 or a stock pin set checks nothing of the kind
+    for pinset in (make_ctx().pinset, PinSet(**pinset_data(genesis=None))):
+        assert "command -v" not in render.image_files(pinset)["rigfleet-build.sh"]
+
+
 def test_each_tree_kind_builds_and_boots_its_own_way() -> None:
     kinds = catalog.patch_tree_kinds()
     v12 = render.image_files(sndr_ctx().pinset)

@@ -47,6 +47,12 @@ def test_kind_data_is_what_the_real_v12_tree_declares(mirrors: MirrorMap) -> Non
     assert f"def {func}(" in git_show(mirrors, module.replace(".", "/") + ".py")
     assert git_show(mirrors, kind["apply_module"].replace(".", "/") + "/__main__.py")
     assert kind["entry_point"] == f"python3 -m {kind['apply_module']}"
+    # every program the build checks for is one the tree really runs (subprocess argv[0])
+    repo = tree_repo(TREE_SOURCE, V12_TREE, mirrors, False)
+    for program in kind["runtime_programs"]:
+        runs = subprocess.run(["git", "grep", "-l", "-F", f'["{program}", ', V12_TREE, "--", "sndr/"], cwd=repo,
+                              capture_output=True, text=True).stdout
+        assert runs.strip(), f"the v12 tree runs no {program}"
 
 
 def test_shipped_v12_pin_sets_verify_against_the_real_tree_and_wheel(real_inventory: Path) -> None:

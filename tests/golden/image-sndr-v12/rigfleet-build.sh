@@ -10,6 +10,7 @@ if [ "$found" != "$expected" ]; then
   printf 'rigfleet: base image carries vllm %s, pin set says %s\n' "$found" "$expected" >&2
   exit 1
 fi
+command -v patch >/dev/null 2>&1 || { printf 'rigfleet: the base image has no %s program, which the %s tree runs at apply time; install package %s in the base image\n' patch 'SNDR v12' patch >&2; exit 1; }
 # Overlays over vllm's own files, then the SNDR v12 tree: kept in the image at its
 # home and installed editable without dependencies (the way the tree itself installs); its vLLM
 # plugin entry point must then be registered, or the workers would run vanilla vLLM.
