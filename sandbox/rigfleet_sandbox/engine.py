@@ -601,14 +601,17 @@ def _write_root_layer(root_tarball: Path, wheels: list[Path], out: Path) -> str:
     return pyver
 
 
-def _write_vllm_layer(pyver: str, version: str, out: Path, extra: dict[str, bytes] | None = None) -> None:
+def _write_vllm_layer(pyver: str, version: str, out: Path, extra: dict[str, bytes] | None = None,
+                      system: dict[str, tuple[bytes, int]] | None = None) -> None:
     site = f"usr/local/lib/python{pyver}/dist-packages"
-    files = {f"{site}/{rel}": data for rel, data in {**standin_vllm_files(version), **(extra or {})}.items()}
+    files = {f"{site}/{rel}": (data, 0o644)
+             for rel, data in {**standin_vllm_files(version), **(extra or {})}.items()}
+    files.update(system or {})
     seen: set[str] = set()
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         _add_dirs(tar, [*files, "usr/local/bin/vllm", "vllm-workspace/.keep"], seen)
         for name in sorted(files):
-            _add_bytes(tar, name, files[name])
+            _add_bytes(tar, name, *files[name])
         _add_bytes(tar, "usr/local/bin/vllm", vllm_script().encode(), 0o755)
 
 
@@ -764,16 +767,18 @@ def build_image_archive(
     wheels: list[Path],
     root_sha: str | None = None,
     vllm_extra: dict[str, bytes] | None = None,
+    system_extra: dict[str, tuple[bytes, int]] | None = None,
 ) -> dict[str, Any]:
     """Build (or keep) one image archive; returns {'digest', 'diff_ids', 'python', 'archive'}.
 
     `vllm_extra`: more files for the vllm layer, by path under site-packages (rigfleet_sandbox.stacks
-    adds the real release's CLI surface)."""
+    adds the real release's CLI surface); `system_extra`: (content, mode) by path under the image's
+    root (stacks adds Debian programs the real image ships)."""
     out = Path(out)
     root_layer, root_diff, pyver = build_root_layer(root_tarball, cache_dir, wheels, root_sha)
     with tempfile.TemporaryDirectory(prefix="vllm-layer-", dir=cache_dir) as tmp:
         vllm_layer = Path(tmp) / "layer.tar"
-        _write_vllm_layer(pyver, spec.vllm_version, vllm_layer, vllm_extra)
+        _write_vllm_layer(pyver, spec.vllm_version, vllm_layer, vllm_extra, system_extra)
         vllm_diff = _layer_digest(vllm_layer)
         diff_ids = [root_diff, vllm_diff]
         config = _image_config(spec, diff_ids, root_sha or _sha256_file(root_tarball), pyver)

@@ -10,6 +10,10 @@ v12), derived from the real pin sets in rigfleet's skeleton inventory:
   tree's apply step edits and imports real vLLM code (what needs torch fails, as it would on a
   machine without it); only the files the SIMULATED engine runs stay the stand-in's, except
   REAL_WINS (text that no stand-in module imports: the real one is what a patch must meet);
+* the Debian packages of the programs the shipped trees run at apply time (rigfleet's catalog:
+  `runtime_programs` of a tree kind, GNU patch for SNDR v12), unpacked from Debian's own .deb of
+  the root's suite: the real vllm/vllm-openai image ships them (git's Recommends), so the stand-ins
+  of its tags do too;
 * a PEP 503 package index on the host's web server (``www/simple/``) holding the real PyPI wheels
   of the patch trees' build requirements (the SNDR v12 tree's setuptools/wheel, pinned in
   rigfleet/catalog/patch_trees.yaml), downloaded here through this machine's pip configuration:
@@ -24,11 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import html
+import io
 import json
 import logging
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -38,7 +44,7 @@ import yaml
 from rigfleet import catalog
 from rigfleet.schema import MirrorMap
 from rigfleet.upstream import sources
-from rigfleet_sandbox import engine
+from rigfleet_sandbox import debindex, dockerrepo, engine
 from rigfleet_sandbox.layout import HOST_URL
 
 log = logging.getLogger(__name__)
@@ -63,7 +69,8 @@ def images(pinsets: dict[str, dict[str, Any]] | None = None) -> list[engine.Imag
         out.append(have.get((tag, version)) or engine.ImageSpec(
             f"stack-{name}", tag, version,
             f"SIMULATED stand-in of {real['base_image']['repository']}:{tag} (vLLM {version}) for pin set "
-            f"{name}; flags from the real vLLM release wheel's CLI surface"))
+            f"{name}; flags from the real vLLM release wheel's CLI surface; Debian's "
+            f"{', '.join(runtime_packages()) or 'nothing more'} as the real image ships it"))
     return out
 
 
@@ -169,13 +176,54 @@ def build_requirements() -> dict[str, str]:
     return out
 
 
-def build(www: Path, root_tarball: Path, cache_dir: Path, base_url: str = HOST_URL) -> dict[str, dict[str, Any]]:
+def runtime_packages() -> list[str]:
+    """The Debian packages of the programs the shipped trees' kinds run at apply time."""
+    kinds = yaml.safe_load((SHIPPED.parents[2] / "catalog" / "patch_trees.yaml").read_text())["kinds"]
+    out: set[str] = set()
+    for real in shipped().values():
+        tree = real.get("genesis") or {}
+        if tree:
+            out.update((kinds[tree.get("kind", "genesis-v7")].get("runtime_programs") or {}).values())
+    return sorted(out)
+
+
+def debian_files(packages: list[str], suite: str, cache_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """(content, mode) by root-relative path of the programs in `packages` (usr/bin) and their
+    copyright files, from Debian's .deb of `suite` (checked against its index; cached)."""
+    if not packages:
+        return {}
+    index = debindex.packages_index(suite, "main")
+    out: dict[str, tuple[bytes, int]] = {}
+    for name in packages:
+        deb = dockerrepo.fetch_debian(name, suite, index[name], cache_dir / "debian-debs")
+        fsys = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], check=True, capture_output=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(fsys)) as tar:
+            for member in tar.getmembers():
+                path = member.name.removeprefix("./")
+                if member.isreg() and (path.startswith("usr/bin/") or path.endswith("/copyright")):
+                    handle = tar.extractfile(member)
+                    assert handle is not None
+                    out[path] = (handle.read(), member.mode & 0o7777)
+    return out
+
+
+def root_suite(root_tarball: Path) -> str:
+    """The Debian suite of a rootfs tarball by its cache name (rootfs-<suite>-v<N>.tar.gz)."""
+    found = re.match(r"rootfs-([a-z]+)-v\d+", Path(root_tarball).name)
+    if not found:
+        raise ValueError(f"{root_tarball}: not a sandbox rootfs tarball name; pass its suite")
+    return found.group(1)
+
+
+def build(www: Path, root_tarball: Path, cache_dir: Path, base_url: str = HOST_URL,
+          suite: str | None = None) -> dict[str, dict[str, Any]]:
     """Fill `www` with the stand-ins; returns the sandbox pin sets, by the shipped names."""
     www, root_tarball, cache_dir = Path(www), Path(root_tarball), Path(cache_dir)
     real = shipped()
     overlays = engine.build_overlays(www, base_url)
     index = build_index(www, build_requirements(), cache_dir, base_url)
     wheels = engine.fetch_pip_wheels(cache_dir)
+    programs = debian_files(runtime_packages(), suite or root_suite(root_tarball), cache_dir)
     out: dict[str, dict[str, Any]] = {}
     for (name, pinset), spec in zip(real.items(), images(real), strict=True):
         extra: dict[str, bytes] = {}
@@ -186,7 +234,7 @@ def build(www: Path, root_tarball: Path, cache_dir: Path, base_url: str = HOST_U
                 extra[SURFACE_FILE] = surface
         built = engine.build_image_archive(
             www / "images" / engine.archive_name(spec), root_tarball, spec, cache_dir=cache_dir, wheels=wheels,
-            vllm_extra=extra or None)
+            vllm_extra=extra or None, system_extra=programs if spec.pinset.startswith("stack-") else None)
         archive = engine._url(base_url, "images", engine.archive_name(spec))
         out[name] = derive(name, pinset, built["digest"], archive, overlays, index)
     return out

@@ -51,7 +51,7 @@ pytestmark = pytest.mark.sandbox
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory, _real_cache: Path) -> Path:  # noqa: F811
     tarball = Path(sandbox.info.tarball)
-    pinsets = stacks.build(layout.WWW_DIR, tarball, tarball.parent / "engine-cache")
+    pinsets = stacks.build(layout.WWW_DIR, tarball, tarball.parent / "engine-cache", suite=sandbox.info.distro)
     inv = module_inventory(sandbox, tmp_path_factory, pinsets=[], group={"pinset": SEED, "variant": "tq3-nomtp"})
     (inv / "pinsets.yml").write_text(yaml.safe_dump(pinsets, sort_keys=False))
     bundle = shared_mirror() / "genesis-vllm-patches.bundle"
@@ -163,14 +163,17 @@ def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, invento
 
 
 # The real SNDR v12.0.0 apply step, run against the real vLLM sources of the nearest release
-# (0.23.0; the pinned nightly dev424 is not on PyPI) in a stand-in without torch, cannot report
-# 0 failed: two patches import torch-backed vLLM modules to install themselves, and PN119 runs the
-# GNU `patch` program, which the stand-in's Debian root does not have. The health gate refuses the
-# release (no silent vanilla) and the rig goes back to what it served. This leg is BLOCKED until
-# the stand-in carries torch and vLLM's runtime dependencies (see README).
+# (0.23.0; the pinned nightly dev424 is not on PyPI), cannot report 0 failed in this stand-in: two
+# patches import real vLLM modules to install themselves (PN364: vllm.v1.worker.gpu_worker, G4_84:
+# vllm.model_executor.layers.fused_moe), and those import torch and the rest of vLLM's runtime,
+# which the stand-in does not carry (its own vllm.config also stands where the real one would be).
+# With the real vLLM 0.23.0 package, its runtime dependencies and CPU torch, the same apply reports
+# 0 failed (README). PN119 runs GNU patch, which the real image ships and so does the stand-in: it
+# applies. The health gate refuses the release (no silent vanilla) and the rig goes back to what
+# it served. This leg is BLOCKED until the stand-in carries vLLM's real runtime.
 V12_FAILS = {"PN364": ("No module named 'numpy'", "No module named 'torch'"),
-             "G4_84": ("No module named 'torch'",),
-             "PN119": ("No such file or directory: 'patch'",)}
+             "G4_84": ("No module named 'torch'",)}
+V12_APPLIED = ("PN119",)  # needs the real `patch` program in the image
 
 
 def v12_refused_by_the_gate(sandbox: Sandbox, first: subprocess.CompletedProcess[str],
@@ -195,6 +198,9 @@ def v12_refused_by_the_gate(sandbox: Sandbox, first: subprocess.CompletedProcess
     print("sndr.apply by hand:", report.results, *report.failures, *report.drift, sep="\n  ")
     assert applied.returncode == 1 and report.results, applied.stdout[-3000:]
     assert report.results[-1][0] > 0, "real patches applied to the real vLLM sources"
+    assert report.results[-1][2] == len(V12_FAILS), report.results
+    applied_ids = set(re.findall(r"\[Genesis\]\s*applied:\s*(\S+)", applied.stdout))
+    assert set(V12_APPLIED) <= applied_ids, f"not applied: {set(V12_APPLIED) - applied_ids}"
     failed = dict(re.findall(r"\[Genesis\]\s*FAILED:\s*(\S+)(.*)", applied.stdout))
     assert set(failed) == set(V12_FAILS), report.failures
     for patch, reasons in V12_FAILS.items():

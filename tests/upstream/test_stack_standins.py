@@ -67,6 +67,20 @@ def _parse(site: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+def test_the_stand_ins_carry_the_real_debian_programs_the_trees_run(tmp_path: Path) -> None:
+    """GNU patch (PN119 of SNDR v12 runs it; the real vllm-openai image has it) comes from Debian's
+    own .deb of the root's suite, as an executable that runs."""
+    kinds = catalog.patch_tree_kinds()
+    assert stacks.runtime_packages() == sorted(kinds["sndr-v12"]["runtime_programs"].values()) == ["patch"]
+    files = stacks.debian_files(stacks.runtime_packages(), "trixie", tmp_path)
+    data, mode = files["usr/bin/patch"]
+    assert mode == 0o755 and "usr/share/doc/patch/copyright" in files
+    binary = tmp_path / "patch"
+    binary.write_bytes(data)
+    binary.chmod(mode)
+    assert "GNU patch" in subprocess.run([str(binary), "--version"], capture_output=True, text=True, check=True).stdout
+
+
 def test_the_engine_accepts_what_rigfleet_renders_for_each_stack(tmp_path: Path, real_inventory: Path) -> None:
     fleet = load_fleet(real_inventory)
     for name in stacks.STACKS:
