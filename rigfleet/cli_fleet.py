@@ -127,8 +127,9 @@ def status_command(as_json: bool, watch: bool, interval: str, count: str | None)
                   + ", ".join(f"{row['rig']} {row['gateway']}" for row in fronted), markup=False)
 
 
-HOST_COLUMNS: list[tuple[str, tables.Kind]] = [("rig", "key"), ("up", "key"), ("distro/kernel", "fold"),
-                                               ("driver", "fold"), ("docker", "fold"), ("toolkit", "fold")]
+HOST_COLUMNS: list[tuple[str, tables.Kind]] = [("rig", "key"), ("up", "key"), ("distro", "fold"),
+                                               ("kernel (hold)", "fold"), ("driver", "fold"), ("docker", "fold"),
+                                               ("toolkit", "fold")]
 SERVING_COLUMNS: list[tuple[str, tables.Kind]] = [("release", "fold"), ("healthy", "key"), ("KV pool", "key"),
                                                   ("API reach", "cut"), ("drift", "fold")]
 WIDE = 150  # below this the host stack and the serving side are two tables, each fitting the width
@@ -136,8 +137,10 @@ WIDE = 150  # below this the host stack and the serving side are two tables, eac
 
 def status_tables(title: str, rows: list[dict[str, Any]], width: int) -> list[Table]:
     def host(row: dict[str, Any]) -> list[str]:
-        return [row["rig"], "yes" if row["reachable"] else "[red]NO[/red]", row.get("os") or "-",
-                row.get("driver") or "-", row.get("docker") or "-", row.get("toolkit") or "-"]
+        distro, _, kernel = (row.get("os") or "-").partition(" / ")  # "debian 13 / <uname -r>"
+        return [row["rig"], "yes" if row["reachable"] else "[red]NO[/red]", distro,
+                f"{kernel or '-'} {status.kernel_label(row.get('kernel'))}", row.get("driver") or "-",
+                row.get("docker") or "-", row.get("toolkit") or "-"]
 
     def serving(row: dict[str, Any]) -> list[str]:
         drift = "\n".join(row["drift"]) if row["drift"] else "none"

@@ -197,18 +197,53 @@ def gateway_rows(fleet: Fleet, rows: list[dict[str, Any]]) -> list[dict[str, Any
     return out
 
 
+# What `status` says of a rig's kernel against the policy (the kernel held with the driver, moved
+# only by a rigfleet converge): the first that applies, in this order.
+KERNEL_STATES = {
+    "no-module": "the NVIDIA module does not answer on the running kernel",
+    "unheld": "the kernel metapackage is not held: an upgrade can move it away from the module",
+    "waiting": "held; a newer kernel waits for a rigfleet converge to move it",
+    "held": "held with the driver, nothing newer waiting",
+    "unknown": "no supported kernel metapackage installed (a custom kernel)",
+}
+
+
+def kernel_of(probe: dict[str, Any]) -> dict[str, Any]:
+    """The rig's kernel as the policy sees it: the running kernel, its metapackage (installed,
+    apt's candidate, held), whether the NVIDIA module answers on it, and the KERNEL_STATES key."""
+    kernel = probe.get("kernel_package")
+    module = _gpus(probe.get("nvidia_smi", "")) is not None  # nvidia-smi answers only when the module fits
+    held = kernel["name"] in probe.get("held", []) if kernel else None
+    candidate = (kernel.get("candidate") or None) if kernel else None
+    waiting = candidate if kernel and candidate not in (None, kernel["installed"], "(none)") else None
+    state = ("no-module" if not module else "unknown" if not kernel else "unheld" if not held
+             else "waiting" if waiting else "held")
+    return {"running": probe.get("kernel"), "package": kernel["name"] if kernel else None,
+            "installed": kernel["installed"] if kernel else None, "candidate": candidate, "held": held,
+            "waiting": waiting, "module": module, "state": state}
+
+
+def kernel_label(kernel: dict[str, Any] | None) -> str:
+    """The status table's kernel cell: the KERNEL_STATES key, short (`--json` has every field:
+    the version that waits, whether a rig without its module is also unheld)."""
+    if not kernel:
+        return "-"
+    return {"no-module": "[red]NO module[/red]", "unheld": "[yellow]NOT held[/yellow]",
+            "waiting": "waiting"}.get(kernel["state"], kernel["state"])
+
+
 def kernel_state(probe: dict[str, Any]) -> str | None:
-    """The kernel policy as found: held (and what waits), or moved, and whether the NVIDIA module
-    answers for the running kernel (nvidia-smi reports the GPUs only when the loaded module fits)."""
+    """The kernel policy as found, in a sentence: held (and what waits), or not held, and whether
+    the NVIDIA module answers for the running kernel."""
     kernel = probe.get("kernel_package")
     if not kernel:
         return None
     module = ("NVIDIA module answers on " if _gpus(probe.get("nvidia_smi", "")) else
               "NO working NVIDIA module on ") + f"running kernel {probe.get('kernel', '?')}"
-    if kernel["name"] in probe.get("held", []):
-        waiting = kernel.get("candidate")
-        if waiting and waiting not in (kernel["installed"], "(none)"):
-            return (f"{kernel['name']} held at {kernel['installed']} (not moved); {waiting} waits for a "
+    found = kernel_of(probe)
+    if found["held"]:
+        if found["waiting"]:
+            return (f"{kernel['name']} held at {kernel['installed']} (not moved); {found['waiting']} waits for a "
                     f"rigfleet converge; {module}")
         return f"{kernel['name']} held at {kernel['installed']}; {module}"
     return f"{kernel['name']} {kernel['installed']} NOT held (may move); {module}"
@@ -244,6 +279,7 @@ def rows_of(fleet: Fleet, probes: dict[str, Any], reachable_rigs: dict[str, bool
             "os": f"{probe['os']} / {probe['kernel']}" if probe else None,
             "driver": (gpus[0]["driver"] + (" (held)" if any(p.startswith("nvidia-") for p in probe["held"]) else ""))
             if probe and gpus else None,
+            "kernel": kernel_of(probe) if probe else None,
             "kernel_policy": kernel_state(probe) if probe else None,
             "docker": probe.get("docker") if probe else None,
             "toolkit": probe.get("toolkit") if probe else None,

@@ -273,6 +273,8 @@ def test_kernel_update_rehearsal_kernel_stays_with_its_module(sandbox: Sandbox, 
         assert f"{meta} held at {installed} (not moved); {newer.version} waits for a rigfleet converge" in (
             row["kernel_policy"])
         assert "NVIDIA module answers on running kernel" in row["kernel_policy"]
+        assert (row["kernel"]["state"], row["kernel"]["waiting"], row["kernel"]["module"]) == (
+            "waiting", newer.version, True)
         assert not any(d.startswith("kernel:") for d in row["drift"])
     finally:
         aptrepo.republish(WWW_DIR, [], drop=(newer.filename,))

@@ -58,6 +58,45 @@ def test_no_kernel_package_no_statement() -> None:
     assert status.kernel_state(probe(kernel_package=None)) is None
 
 
+NO_MODULE = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"
+
+
+@pytest.mark.parametrize(
+    ("over", "state", "held", "waiting", "label"),
+    [
+        ({"kernel_package": {**KERNEL, "candidate": KERNEL["installed"]}}, "held", True, None, "held"),
+        ({}, "waiting", True, "6.12.57-1+sim1", "waiting"),
+        ({"held": ["nvidia-open"]}, "unheld", False, "6.12.57-1+sim1", "[yellow]NOT held[/yellow]"),
+        ({"nvidia_smi": NO_MODULE}, "no-module", True, "6.12.57-1+sim1", "[red]NO module[/red]"),
+        ({"nvidia_smi": NO_MODULE, "held": []}, "no-module", False, "6.12.57-1+sim1", "[red]NO module[/red]"),
+        ({"kernel_package": None}, "unknown", None, None, "unknown"),
+    ],
+    ids=["held", "waiting", "unheld", "no-module", "no-module-unheld", "custom-kernel"],
+)
+def test_kernel_state_for_status(over: dict, state: str, held: bool | None, waiting: str | None, label: str) -> None:
+    found = status.kernel_of(probe(**over))
+    assert found["state"] in status.KERNEL_STATES
+    assert (found["state"], found["held"], found["waiting"]) == (state, held, waiting)
+    assert found["running"] == "6.12.57+deb13-amd64" and found["module"] == (state != "no-module")
+    assert status.kernel_label(found) == label
+
+
+def test_apt_without_a_candidate_is_not_a_waiting_kernel() -> None:
+    for candidate in ("", "(none)"):
+        found = status.kernel_of(probe(kernel_package={**KERNEL, "candidate": candidate}))
+        assert (found["state"], found["waiting"]) == ("held", None)
+
+
+def test_status_rows_carry_the_kernel(example_inventory: Path) -> None:
+    fleet = load_fleet(example_inventory)
+    found = probe(os="debian 13", ledger=None, containers=[], docker="", toolkit="")
+    rows = status.rows_of(fleet, {"rig-02": found}, {rig.name: rig.name == "rig-02" for rig in fleet.rigs})
+    by_rig = {row["rig"]: row for row in rows}
+    assert by_rig["rig-02"]["kernel"] == status.kernel_of(found)
+    assert by_rig["rig-02"]["kernel"]["state"] == "waiting"
+    assert by_rig["rig-01"]["kernel"] is None  # unreachable: nothing said
+
+
 @pytest.fixture(scope="module")
 def www(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("kernel-repo")

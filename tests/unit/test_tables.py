@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 from rich.table import Table
 
-from rigfleet import tables
+from rigfleet import status, tables
 from rigfleet.cli import main
 from rigfleet.cli_fleet import status_tables
 
@@ -43,8 +43,22 @@ def test_plan_at_80_columns_keeps_every_row_within_two_lines(example_inventory: 
     assert "rigfleet/vllm:" not in result.stdout  # the short form, not the full reference
 
 
-def status_row(rig: str) -> dict[str, Any]:
+# one probe per kernel state the table shows: held, an update waiting, not held, no module (and not held)
+KERNEL_PROBES = [
+    {"kernel": "6.12.48+deb13-amd64", "nvidia_smi": smi, "held": held,
+     "kernel_package": {"name": "linux-image-amd64", "installed": "6.12.48-1", "candidate": candidate}}
+    for smi, held, candidate in [
+        ("0, 580.105.08, Enabled, 280.00", ["linux-image-amd64"], "6.12.48-1"),
+        ("0, 580.105.08, Enabled, 280.00", ["linux-image-amd64"], "6.12.57-1+sim1"),
+        ("0, 580.105.08, Enabled, 280.00", [], "6.12.57-1+sim1"),
+        ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", [], "6.12.48-1"),
+    ]
+]
+
+
+def status_row(rig: str, probe: dict[str, Any] = KERNEL_PROBES[1]) -> dict[str, Any]:
     return {"rig": rig, "reachable": True, "os": "debian 13 / 6.12.48+deb13-amd64", "driver": "580.105.08-1",
+            "kernel": status.kernel_of(probe),
             "docker": "26.1.5+dfsg1-9+b9", "toolkit": "1.18.0-1", "pinset": "sndr-v12-dev301",
             "variant": "tq3-mtp-genesis", "healthy": True, "kv_pool_tokens": 1220000,
             "api_reach": {"label": "allowlist 10.0.0.5/32, 10.0.0.6/32, 192.168.100.0/24 (key)"},
@@ -52,7 +66,7 @@ def status_row(rig: str) -> dict[str, Any]:
 
 
 def test_status_at_80_columns_is_two_tables_with_rows_within_two_lines() -> None:
-    rows = [status_row(f"rig-0{n}") for n in range(1, 4)]
+    rows = [status_row(f"rig-0{n}", probe) for n, probe in enumerate(KERNEL_PROBES, start=1)]
     made = status_tables("rigfleet status: /srv/fleet/inventory", rows, 80)
     assert len(made) == 2
     for table in made:
@@ -60,6 +74,9 @@ def test_status_at_80_columns_is_two_tables_with_rows_within_two_lines() -> None
         assert all(len(line) <= 80 for line in lines)
         assert len(body(lines)) <= 2 * len(rows), "\n".join(lines)
     assert len(status_tables("t", rows, 200)) == 1
+    host = "\n".join(body(rendered(made[0])))
+    states = re.findall(r"md64 (held|waiting|NOT held|NO module) ", host)  # the running kernel, then its state
+    assert states == ["held", "waiting", "NOT held", "NO module"], host
 
 
 def test_short_forms() -> None:
