@@ -131,8 +131,11 @@ HOST_COLUMNS: list[tuple[str, tables.Kind]] = [("rig", "key"), ("up", "key"), ("
                                                ("kernel (hold)", "fold"), ("driver", "fold"), ("docker", "fold"),
                                                ("toolkit", "fold")]
 SERVING_COLUMNS: list[tuple[str, tables.Kind]] = [("release", "fold"), ("healthy", "key"), ("KV pool", "key"),
-                                                  ("API reach", "cut"), ("drift", "fold")]
-WIDE = 150  # below this the host stack and the serving side are two tables, each fitting the width
+                                                  ("API reach", "cut")]
+DRIFT_COLUMNS: list[tuple[str, tables.Kind]] = [("drift", "fold")]
+# Below this the host stack, the serving side and the drift are three tables, each fitting the width
+# (at 80 columns a drift line beside the serving cells would wrap over many lines, or rich drops it).
+WIDE = 150
 
 
 def status_tables(title: str, rows: list[dict[str, Any]], width: int) -> list[Table]:
@@ -142,23 +145,26 @@ def status_tables(title: str, rows: list[dict[str, Any]], width: int) -> list[Ta
                 f"{kernel or '-'} {status.kernel_label(row.get('kernel'))}", row.get("driver") or "-",
                 row.get("docker") or "-", row.get("toolkit") or "-"]
 
-    def serving(row: dict[str, Any]) -> list[str]:
-        drift = "\n".join(row["drift"]) if row["drift"] else "none"
-        return [f"{row['pinset'] or '-'} / {row['variant'] or '-'}", _yes_no(row["healthy"]),
-                f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-", row["api_reach"]["label"],
-                f"[yellow]{drift}[/yellow]" if row["drift"] else "[green]none[/green]"]
+    def serving(row: dict[str, Any], release_sep: str) -> list[str]:
+        return [f"{row['pinset'] or '-'}{release_sep}{row['variant'] or '-'}", _yes_no(row["healthy"]),
+                f"{row['kv_pool_tokens']:,}" if row["kv_pool_tokens"] else "-", row["api_reach"]["label"]]
+
+    def drift(row: dict[str, Any]) -> str:
+        return "[yellow]" + "\n".join(row["drift"]) + "[/yellow]" if row["drift"] else "[green]none[/green]"
 
     if width >= WIDE:
-        table = tables.fitted(title, HOST_COLUMNS + SERVING_COLUMNS)
+        table = tables.fitted(title, HOST_COLUMNS + SERVING_COLUMNS + DRIFT_COLUMNS)
         for row in rows:
-            table.add_row(*host(row), *serving(row))
+            table.add_row(*host(row), *serving(row, " / "), drift(row))
         return [table]
     stack = tables.fitted(f"{title} (host stack)", HOST_COLUMNS)
     side = tables.fitted(f"{title} (serving)", [("rig", "key"), *SERVING_COLUMNS])
+    drifts = tables.fitted(f"{title} (drift)", [("rig", "key"), *DRIFT_COLUMNS])
     for row in rows:
         stack.add_row(*host(row))
-        side.add_row(row["rig"], *serving(row))
-    return [stack, side]
+        side.add_row(row["rig"], *serving(row, " /\n"))  # pin set over variant: two short lines
+        drifts.add_row(row["rig"], drift(row))
+    return [stack, side, drifts]
 
 
 def _yes_no(value: bool | None) -> str:

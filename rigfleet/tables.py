@@ -28,7 +28,7 @@ def fitted(title: str, columns: Sequence[tuple[str, Kind]]) -> Table:
         elif kind == "fold":
             table.add_column(header, overflow="fold", min_width=8)
         else:
-            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=6)
+            table.add_column(header, no_wrap=True, overflow="ellipsis", min_width=6, max_width=24)
     return table
 
 

@@ -65,14 +65,18 @@ def status_row(rig: str, probe: dict[str, Any] = KERNEL_PROBES[1]) -> dict[str, 
             "drift": ["driver 580.95.05-1 != pinned 580.105.08-1"]}
 
 
-def test_status_at_80_columns_is_two_tables_with_rows_within_two_lines() -> None:
+def test_status_at_80_columns_is_three_tables_with_rows_within_two_lines() -> None:
     rows = [status_row(f"rig-0{n}", probe) for n, probe in enumerate(KERNEL_PROBES, start=1)]
     made = status_tables("rigfleet status: /srv/fleet/inventory", rows, 80)
-    assert len(made) == 2
+    assert len(made) == 3
     for table in made:
         lines = rendered(table)
         assert all(len(line) <= 80 for line in lines)
         assert len(body(lines)) <= 2 * len(rows), "\n".join(lines)
+        text = "\n".join(lines)
+        # rich drops a column it cannot fit: every header and every rig's whole name must be there
+        assert all(column.header in text for column in table.columns), text
+        assert all(row["rig"] in text for row in rows), text
     assert len(status_tables("t", rows, 200)) == 1
     host = "\n".join(body(rendered(made[0])))
     states = re.findall(r"md64 (held|waiting|NOT held|NO module) ", host)  # the running kernel, then its state
