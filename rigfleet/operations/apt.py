@@ -9,12 +9,13 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import StringCommand
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import files
+from pyinfra.operations import apt, files
 
 from rigfleet import render
+from rigfleet.facts import cache
 from rigfleet.facts.apt import AptRepositoryFiles, AptSourceEntries, DpkgInterrupted, HeldPackages, SourceEntry
 from rigfleet.facts.files import ManagedFile
 from rigfleet.facts.system import KernelHeaders
@@ -47,7 +48,8 @@ def keyring_script(src: str, dest: str, fingerprint: str) -> str:
     )
 
 
-@operation()
+@cache.operation(reads=lambda keyring, source, legacy, **_: [
+    cache.reading(AptRepositoryFiles, keyring=keyring, source=source, legacy=legacy or [])])
 def repository(key_url: str, fingerprint: str, keyring: str, source: str, content: str,
                legacy: list[str] | None = None):
     """
@@ -62,7 +64,7 @@ def repository(key_url: str, fingerprint: str, keyring: str, source: str, conten
     + legacy: other source lists for the same repository (the vendor's one-line .list)
     """
     fingerprint = fingerprint.replace(" ", "").upper()
-    present = host.get_fact(AptRepositoryFiles, keyring=keyring, source=source, legacy=legacy or [])
+    present = cache.fact(AptRepositoryFiles, keyring=keyring, source=source, legacy=legacy or [])
     key_ok, source_ok = present.fingerprints == [fingerprint], matches(present.source, content, "0644")
     if key_ok and source_ok and not present.legacy:
         host.noop(f"{source}: key {fingerprint}, source up to date")
@@ -113,7 +115,7 @@ def repair_script(lock_timeout_s: int) -> str:
     )
 
 
-@operation()
+@cache.operation(reads=lambda **_: [cache.reading(DpkgInterrupted)])
 def dpkg_repaired(lock_timeout_s: int):
     """
     Finish what a dpkg run cut off mid-install left (a dropped SSH link, a power cut), so the
@@ -121,7 +123,7 @@ def dpkg_repaired(lock_timeout_s: int):
 
     + lock_timeout_s: how long to wait for the dpkg lock (the rig's apt_lock_timeout_s)
     """
-    left = host.get_fact(DpkgInterrupted)
+    left = cache.fact(DpkgInterrupted)
     if not left:
         host.noop("dpkg: no interrupted run to finish")
         return
@@ -137,7 +139,7 @@ def _satisfied(spec: str, installed: dict[str, list[str]]) -> bool:
     return any(fnmatchcase(v, version) for v in versions)
 
 
-@operation()
+@cache.operation(reads=lambda **_: [cache.reading(DebPackages)])
 def install(packages: list[str], update: bool = True, recommends: bool = True):
     """
     Install packages, with apt version globs as pins (`docker-ce=5:28.3.3-*`).
@@ -149,7 +151,7 @@ def install(packages: list[str], update: bool = True, recommends: bool = True):
     + update: refresh the package lists first (when installing)
     + recommends: also install what the packages recommend (apt's default)
     """
-    installed = host.get_fact(DebPackages)
+    installed = cache.fact(DebPackages)
     missing = [spec for spec in packages if not _satisfied(spec, installed)]
     if not missing:
         host.noop(f"installed: {', '.join(packages)}")
@@ -164,7 +166,7 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatchcase(name, pattern) for pattern in patterns)
 
 
-@operation()
+@cache.operation(reads=lambda **_: [cache.reading(DebPackages), cache.reading(HeldPackages)])
 def hold(packages: list[str], patterns: list[str] | None = None, exclude: list[str] | None = None):
     """
     `apt-mark hold` packages so that no upgrade moves them behind rigfleet's back.
@@ -173,8 +175,8 @@ def hold(packages: list[str], patterns: list[str] | None = None, exclude: list[s
     + patterns: globs over installed packages (dependencies the metapackages pulled in)
     + exclude: globs never held through `patterns`
     """
-    installed = host.get_fact(DebPackages)
-    held_now: list[str] = host.get_fact(HeldPackages)
+    installed = cache.fact(DebPackages)
+    held_now: list[str] = cache.fact(HeldPackages)
     held = set(held_now)
     wanted = set(packages)
     wanted |= {
@@ -187,7 +189,7 @@ def hold(packages: list[str], patterns: list[str] | None = None, exclude: list[s
     yield StringCommand("apt-mark hold", *(shlex.quote(name) for name in to_hold))
 
 
-@operation()
+@cache.operation(reads=lambda meta, **_: [cache.reading(KernelHeaders, meta=meta), cache.reading(DebPackages)])
 def kernel_headers(meta: str):
     """
     Kernel headers for DKMS: the headers metapackage `meta` (so DKMS also builds for the next
@@ -195,8 +197,8 @@ def kernel_headers(meta: str):
 
     + meta: linux-headers-amd64 (Debian) or linux-headers-generic[-hwe-XX.04] (Ubuntu)
     """
-    headers = host.get_fact(KernelHeaders, meta=meta)
-    installed = host.get_fact(DebPackages)
+    headers = cache.fact(KernelHeaders, meta=meta)
+    installed = cache.fact(DebPackages)
     # headers the archive does not have (an old or a custom kernel) cannot be installed: not a change
     if installed.get(meta) and (headers.installed or headers.candidate is None):
         host.noop(
@@ -249,7 +251,8 @@ def components_source(missing: list[tuple[str, str, str | None, list[str]]]) -> 
     return "\n\n".join(stanzas) + "\n"
 
 
-@operation()
+@cache.operation(reads=lambda dest, **_: [cache.reading(AptSourceEntries, exclude=dest),
+                                          cache.reading(ManagedFile, path=dest)])
 def archive_components(dest: str, codename: str, components: list[str]):
     """
     Enable the archive `components` for every suite of this release the rig already uses, in a
@@ -259,8 +262,8 @@ def archive_components(dest: str, codename: str, components: list[str]):
     + codename: the release (bookworm, trixie)
     + components: what the host layer needs (main contrib non-free non-free-firmware)
     """
-    missing = missing_components(host.get_fact(AptSourceEntries, exclude=dest), codename, components)
-    current = host.get_fact(ManagedFile, path=dest)
+    missing = missing_components(cache.fact(AptSourceEntries, exclude=dest), codename, components)
+    current = cache.fact(ManagedFile, path=dest)
     if not missing:
         if current is None:
             host.noop(f"the archive already has {', '.join(components)}")
@@ -272,3 +275,18 @@ def archive_components(dest: str, codename: str, components: list[str]):
         host.noop(f"{dest} is up to date")
         return
     yield from files.put._inner(src=StringIO(content), dest=dest, mode="0644")
+
+
+@cache.operation(reads=lambda **_: [cache.reading(DebPackages)])
+def absent(packages: list[str]):
+    """
+    Remove these packages where installed: pyinfra's apt.packages(present=False), whose own
+    package read runs only when one of them is there.
+
+    + packages: names
+    """
+    installed = cache.fact(DebPackages)
+    if not any(name in installed for name in packages):
+        host.noop(f"not installed: {', '.join(packages)}")
+        return
+    yield from apt.packages._inner(packages=packages, present=False)

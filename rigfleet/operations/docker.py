@@ -8,11 +8,12 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import StringCommand
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import files
 
+from rigfleet.facts import cache
 from rigfleet.facts.docker import DAEMON_JSON, DockerDaemonConfig, DockerImagePresent
 from rigfleet.facts.nvidia import CdiDevices, NvidiaSmi
 from rigfleet.rigstate import SMOKE_STAMP
@@ -44,7 +45,7 @@ def fail(message: str) -> StringCommand:
     return StringCommand(f"echo {shlex.quote(message)} >&2; exit 1")
 
 
-@operation()
+@cache.operation(reads=lambda path, **_: [cache.reading(DockerDaemonConfig, path=path)])
 def daemon_json(settings: dict[str, Any], path: str = DAEMON_JSON):
     """
     Merge `settings` into Docker's daemon.json; keys rigfleet does not own are kept as they are.
@@ -55,7 +56,7 @@ def daemon_json(settings: dict[str, Any], path: str = DAEMON_JSON):
     + settings: the keys rigfleet owns (nested objects merge key by key)
     + path: daemon.json location
     """
-    current = host.get_fact(DockerDaemonConfig, path=path)
+    current = cache.fact(DockerDaemonConfig, path=path)
     if current.error:
         yield fail(f"rigfleet: {path} is {current.error}; fix or remove it by hand, rigfleet will not guess")
         return
@@ -73,7 +74,7 @@ def daemon_json(settings: dict[str, Any], path: str = DAEMON_JSON):
     )
 
 
-@operation()
+@cache.operation(reads=lambda path, **_: [cache.reading(DockerDaemonConfig, path=path)])
 def nvidia_runtime(cdi: bool = False, path: str = DAEMON_JSON):
     """
     Register the nvidia runtime with Docker through `nvidia-ctk runtime configure`, only when
@@ -83,7 +84,7 @@ def nvidia_runtime(cdi: bool = False, path: str = DAEMON_JSON):
     + cdi: also enable CDI device requests in Docker
     + path: daemon.json location
     """
-    current = host.get_fact(DockerDaemonConfig, path=path)
+    current = cache.fact(DockerDaemonConfig, path=path)
     if current.error:
         yield fail(f"rigfleet: {path} is {current.error}; fix or remove it by hand, rigfleet will not guess")
         return
@@ -100,8 +101,8 @@ def nvidia_runtime(cdi: bool = False, path: str = DAEMON_JSON):
 
 def smoke_key(image: str) -> str:
     """What a passed smoke test vouches for: the image and the driver/toolkit/engine versions."""
-    smi = host.get_fact(NvidiaSmi)
-    packages = host.get_fact(DebPackages)
+    smi = cache.fact(NvidiaSmi)
+    packages = cache.fact(DebPackages)
 
     def version(*names: str) -> str:
         for name in names:
@@ -115,7 +116,8 @@ def smoke_key(image: str) -> str:
     )
 
 
-@operation()
+@cache.operation(reads=lambda stamp, **_: [cache.reading(NvidiaSmi), cache.reading(DebPackages),
+                                           cache.reading(FileContents, path=stamp)])
 def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
     """
     Run `docker run --rm --gpus all IMAGE nvidia-smi -L` and require `expected_gpus` GPUs.
@@ -129,7 +131,7 @@ def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
     + stamp: where the last passing combination is recorded
     """
     key = smoke_key(image)
-    recorded = host.get_fact(FileContents, path=stamp)
+    recorded = cache.fact(FileContents, path=stamp)
     if recorded and recorded[0].strip() == key:
         host.noop(f"GPU smoke test passed before for {key}")
         return
@@ -146,7 +148,7 @@ def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
     )
 
 
-@operation()
+@cache.operation(reads=lambda tag, **_: [cache.reading(DockerImagePresent, image=tag)])
 def local_image(tag: str):
     """
     Import a minimal image from the rig's own root filesystem (`smoke_image: local`), for rigs
@@ -154,7 +156,7 @@ def local_image(tag: str):
 
     + tag: the image name to create
     """
-    if host.get_fact(DockerImagePresent, image=tag):
+    if cache.fact(DockerImagePresent, image=tag):
         host.noop(f"image {tag} exists")
         return
     paths = " ".join(LOCAL_IMAGE_PATHS)
@@ -166,7 +168,7 @@ def local_image(tag: str):
     )
 
 
-@operation()
+@cache.operation(reads=lambda **_: [cache.reading(CdiDevices)])
 def cdi_spec(path: str = CDI_SPEC):
     """
     Generate a CDI spec for the GPUs unless one already resolves `nvidia.com/gpu=all` (toolkit
@@ -174,7 +176,7 @@ def cdi_spec(path: str = CDI_SPEC):
 
     + path: where to write the spec
     """
-    if "nvidia.com/gpu=all" in host.get_fact(CdiDevices):
+    if "nvidia.com/gpu=all" in cache.fact(CdiDevices):
         host.noop("a CDI spec provides nvidia.com/gpu=all")
         return
     yield StringCommand("nvidia-ctk cdi generate", f"--output={shlex.quote(path)}")

@@ -6,9 +6,9 @@ import hashlib
 from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import operation
 from pyinfra.operations import files
 
+from rigfleet.facts import cache
 from rigfleet.facts.files import FileDigest, ManagedFile
 
 
@@ -17,7 +17,7 @@ def matches(current: FileDigest | None, content: str, mode: str) -> bool:
             and current.mode == mode.lstrip("0"))
 
 
-@operation()
+@cache.operation(reads=lambda dest, **_: [cache.reading(ManagedFile, path=dest)])
 def config_file(dest: str, content: str, mode: str = "0644"):
     """
     Write `content` to `dest` with `mode` unless it is there already.
@@ -28,7 +28,7 @@ def config_file(dest: str, content: str, mode: str = "0644"):
     + content: the whole file
     + mode: octal permissions
     """
-    if matches(host.get_fact(ManagedFile, path=dest), content, mode):
+    if matches(cache.fact(ManagedFile, path=dest), content, mode):
         host.noop(f"{dest} is up to date")
         return
     yield from files.put._inner(src=StringIO(content), dest=dest, mode=mode)

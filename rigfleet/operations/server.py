@@ -7,16 +7,17 @@ import time
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand
 from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 
 from rigfleet import riglock
+from rigfleet.facts import cache
 from rigfleet.facts.nvidia import NvidiaSmi
 from rigfleet.facts.system import BootId, RebootRequired
 from rigfleet.rigstate import SERVING_COMPOSE
 
 
-@operation(is_idempotent=False)
+@cache.operation(is_idempotent=False)
 def refuse(rig: str, problems: list[str]):
     """
     Stop this rig before anything is changed on it, naming each problem and its fix.
@@ -32,13 +33,13 @@ def refuse(rig: str, problems: list[str]):
 
 def reboot_reasons() -> list[str]:
     """Why the driver needs a reboot now (empty: it does not)."""
-    smi = host.get_fact(NvidiaSmi)
+    smi = cache.fact(NvidiaSmi)
     reasons = []
     if smi.status == "mismatch":
         reasons.append(f"driver/library version mismatch ({smi.message})")
     elif smi.status in ("no_driver", "absent"):
         reasons.append("the NVIDIA kernel module is not loaded")
-    if host.get_fact(RebootRequired):
+    if cache.fact(RebootRequired):
         reasons.append("/var/run/reboot-required is present")
     return reasons
 
@@ -51,7 +52,8 @@ def serving_command(action: str, compose_file: str) -> str:
     )
 
 
-@operation(is_idempotent=False)
+@cache.operation(reads=lambda **_: [cache.reading(NvidiaSmi), cache.reading(RebootRequired)],
+                 is_idempotent=False)
 def driver_reboot(
     expected_gpus: int,
     gpu_name: str | None = None,

@@ -39,6 +39,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
 from rigfleet import gate, gateway, ledger, rigpython
+from rigfleet.facts import cache
 from rigfleet.facts.serving import RELEASE_LABEL, ServingState, parse_state
 from rigfleet.rigstate import (
     CURRENT_LINK,
@@ -298,10 +299,11 @@ def auth_arguments(global_arguments: dict[str, Any] | None) -> Auth:
     return Auth({k: v for k, v in (global_arguments or {}).items() if k in AUTH_KEYS and v not in (None, False, "")})
 
 
-@operation(is_idempotent=True)
+@cache.operation(reads=lambda spec, **_: [cache.reading(ServingState, release_id=spec.release_id)],
+                 is_idempotent=True)
 def release(spec: ReleaseSpec) -> Generator[FunctionCommand, None, None]:
     """Serve `spec`: nothing when it is current and healthy, else one gated swap (see module doc)."""
-    observed = pyinfra_host.get_fact(ServingState, release_id=spec.release_id)
+    observed = cache.fact(ServingState, release_id=spec.release_id)
     try:
         want = env_digest(spec.env_text(spec.resolve_secrets()))
     except SecretError:

@@ -42,8 +42,14 @@ def run_roles(context: Any, roles: Sequence[Callable[..., Any]] | None = None) -
 
     host.loop gives each role its own place in pyinfra's operation order: without it, operations
     of two roles called from this one line could share an identity and tangle the order.
+    After planning, the facts the added operations will read are read in one command
+    (rigfleet.facts.cache): on a converged rig they answer every operation's "no change".
     """
     from pyinfra import host
 
+    from rigfleet.facts import cache
+
+    cache.attach(host.state)  # a rig's facts are read again once something was executed there
     for role in host.loop(list(ROLES if roles is None else roles)):
         role(context)
+    cache.read_wanted()  # what the operations will read, in one round trip

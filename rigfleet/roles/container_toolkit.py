@@ -4,15 +4,15 @@ CDI, then a GPU smoke container."""
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import systemd
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.docker import DockerRuntimes
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.roles.preflight import target
 from rigfleet.schema import AptRepo, Rig
@@ -36,7 +36,7 @@ def toolkit_repo(rig: Rig) -> AptRepo:
 
 
 def nvidia_registered() -> bool:
-    return "nvidia" in (host.get_fact(DockerRuntimes) or [])
+    return "nvidia" in (cache.fact(DockerRuntimes) or [])
 
 
 @deploy("NVIDIA Container Toolkit")
@@ -64,7 +64,8 @@ def container_toolkit(context: RigContext) -> None:
             name="Register the nvidia runtime with Docker (if missing)", cdi=rig.cdi
         )
         # dockerd registers --gpus support only if the toolkit's hook was in PATH when it started
-        systemd.service(
+        cache.want(DockerRuntimes)  # read by the condition at execution
+        systemd_ops.service(
             name="Restart Docker for the toolkit",
             service="docker.service",
             running=True,

@@ -14,13 +14,14 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.apt import AptSources
-from pyinfra.operations import apt, systemd
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import docker as docker_ops
 from rigfleet.operations import files as files_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.roles.preflight import Target, target
 from rigfleet.schema import AptRepo, Rig
@@ -77,7 +78,7 @@ def daemon_settings(rig: Rig) -> dict[str, Any]:
 
 def debian_mirror() -> str:
     """The Debian archive the rig already uses (its mirror or proxy path), for the trixie source."""
-    sources = [repo for repo in host.get_fact(AptSources) if "main" in repo.components]
+    sources = [repo for repo in cache.fact(AptSources) if "main" in repo.components]
     for repo in sources:
         if repo.distribution == "bookworm":
             return str(repo.url)
@@ -88,7 +89,7 @@ def debian_mirror() -> str:
 
 def _docker_ce(context: RigContext, where: Target) -> list[str]:
     repo = docker_repo(context.rig, where)
-    apt.packages(name="Remove packages that conflict with Docker CE", packages=CONFLICTS, present=False)
+    apt_ops.absent(name="Remove packages that conflict with Docker CE", packages=CONFLICTS)
     apt_ops.vendor_repository(
         name="Docker repository: key checked by fingerprint, deb822 source",
         description="Docker CE repository",
@@ -146,10 +147,10 @@ def docker_engine(context: RigContext) -> None:
         merged = docker_ops.daemon_json(
             name="Merge rigfleet's settings into daemon.json", settings=daemon_settings(context.rig)
         )
-        systemd.service(
+        systemd_ops.service(
             name="Docker enabled and running", service="docker.service", running=True, enabled=True
         )
-        systemd.service(
+        systemd_ops.service(
             name="Restart Docker for the new daemon.json",
             service="docker.service",
             running=True,

@@ -12,15 +12,16 @@ import hashlib
 import shlex
 from collections.abc import Iterator
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import server, systemd
+from pyinfra.operations import server
 
 from rigfleet import gateway
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.files import ManagedFile
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.operations.serving import SecretError, SecretSource
 
@@ -72,7 +73,7 @@ def gateway_role(context: RigContext) -> None:
         changed = []
         if gw.keys:
             sources = key_sources(context, gw)
-            current = host.get_fact(ManagedFile, path=gateway.KEYS_FILE)
+            current = cache.fact(ManagedFile, path=gateway.KEYS_FILE)
             want = wanted_keys_digest(sources)
             if want is None or current is None or current.sha256 != want or current.mode != "600":
                 directory = gateway.KEYS_FILE.rsplit("/", 1)[0]
@@ -84,7 +85,7 @@ def gateway_role(context: RigContext) -> None:
                 changed.append(keys.did_change)
         for path, content in gateway.files(gw).items():
             changed.append(files_ops.config_file(name=f"Gateway: {path}", dest=path, content=content).did_change)
-        systemd.service(name="HAProxy running and enabled", service=haproxy["service"], running=True, enabled=True)
+        systemd_ops.service(name="HAProxy running and enabled", service=haproxy["service"], running=True, enabled=True)
         # the runtime states a swap set (drain, maint) are saved first and read back by the new
         # workers (server-state-file); a configuration HAProxy refuses is never loaded
         server.shell(

@@ -4,14 +4,15 @@ a `systemctl daemon-reload` does not take the GPUs away from running containers.
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server, systemd
 
 from rigfleet import render
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.nvidia import NvidiaSmi
 from rigfleet.operations import files as files_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 from rigfleet.roles.preflight import target
 from rigfleet.schema import Rig
@@ -22,7 +23,7 @@ UNIT = "rigfleet-gpu-tuning.service"
 
 def drifted(rig: Rig) -> bool:
     """Whether the GPUs run without persistence mode or at another power limit than the unit sets."""
-    smi = host.get_fact(NvidiaSmi)
+    smi = cache.fact(NvidiaSmi)
     if not smi.ok:
         return False
     limit = render.clamped_power_limit(rig)
@@ -60,9 +61,9 @@ def gpu_tuning(context: RigContext) -> None:
             content=rendered[f"systemd/{UNIT}"],
         )
         systemd.daemon_reload(name="Reload systemd for the unit", _if=unit.did_change)
-        systemd.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)
+        systemd_ops.service(name="Enable and start the tuning unit", service=UNIT, running=True, enabled=True)
         # a oneshot that already ran applies new values only when restarted
-        systemd.service(
+        systemd_ops.service(
             name="Re-apply persistence mode and the power cap",
             service=UNIT,
             running=True,

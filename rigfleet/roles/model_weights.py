@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
@@ -20,6 +19,7 @@ from pyinfra.operations import apt, files
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.weights import WeightsState
 from rigfleet.operations import weights
 from rigfleet.operations.serving import SecretError, SecretSource, SecretStdin
@@ -56,14 +56,14 @@ def model_weights(ctx: RigContext) -> None:
     template = f"{rig.model_dir}/chat-templates/{variant.chat_template}.jinja" if variant.chat_template else None
 
     # Plan-time branch: nothing earlier in a deploy touches weights; the operations re-check.
-    state = host.get_fact(WeightsState, dest=dest, stamp=weights.stamp_path(rig.model_dir, subdir))
+    state = cache.fact(WeightsState, dest=dest, stamp=weights.stamp_path(rig.model_dir, subdir))
     verified = weights.is_verified(state)
-    if verified and (template is None or host.get_fact(File, path=template)):
+    if verified and (template is None or cache.fact(File, path=template)):
         return
 
     mirror = rig.weights_source.url
     tools = ["curl"] if mirror else ["curl", "python3"]
-    if any(host.get_fact(Which, command=tool) is None for tool in tools):
+    if any(cache.fact(Which, command=tool) is None for tool in tools):
         apt.packages(name="Tools the weights fetch needs", packages=[*tools, "ca-certificates"], update=True,
                      cache_time=3600)
     files.directory(name=f"Weights dir {dest}", path=dest, mode="0755")

@@ -8,12 +8,13 @@ from __future__ import annotations
 import shlex
 
 from pyinfra.api import deploy
-from pyinfra.operations import server, systemd
+from pyinfra.operations import server
 
 from rigfleet import monitoring
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 
 
@@ -35,6 +36,6 @@ def monitor(context: RigContext) -> None:
         changed = lambda: defaults.did_change() or config.did_change() or rules.did_change()  # noqa: E731
         server.shell(name="Check the Prometheus configuration with promtool",
                      commands=[f"{prom['promtool']} check config {shlex.quote(prom['config'])}"], _if=changed)
-        systemd.service(name="Enable and start Prometheus", service=prom["service"], running=True, enabled=True)
-        systemd.service(name="Restart Prometheus (configuration changed)", service=prom["service"], running=True,
+        systemd_ops.service(name="Enable and start Prometheus", service=prom["service"], running=True, enabled=True)
+        systemd_ops.service(name="Restart Prometheus (configuration changed)", service=prom["service"], running=True,
                         restarted=True, _if=changed)

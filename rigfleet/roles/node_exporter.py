@@ -16,6 +16,7 @@ from rigfleet import monitoring
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
+from rigfleet.operations import systemd as systemd_ops
 from rigfleet.operations.ordering import role_scope
 
 
@@ -36,16 +37,17 @@ def node_exporter(context: RigContext) -> None:
             fw_unit = files_ops.config_file(name="Node exporter allowlist unit", dest=unit_path,
                                             content=allowlist["unit"])
             systemd.daemon_reload(name="Reload systemd for the exporter allowlist", _if=fw_unit.did_change)
-            systemd.service(name="Enable and apply the exporter allowlist", service=monitoring.EXPORTER_ALLOWLIST_UNIT,
+            systemd_ops.service(name="Enable and apply the exporter allowlist",
+                                service=monitoring.EXPORTER_ALLOWLIST_UNIT,
                             running=True, enabled=True)
-            systemd.service(name="Re-apply the exporter allowlist", service=monitoring.EXPORTER_ALLOWLIST_UNIT,
+            systemd_ops.service(name="Re-apply the exporter allowlist", service=monitoring.EXPORTER_ALLOWLIST_UNIT,
                             running=True, restarted=True, _if=lambda: script.did_change() or fw_unit.did_change())
         defaults = files_ops.config_file(name="Node exporter arguments", dest=node["defaults_file"],
                                          content=monitoring.node_exporter_defaults(rig))
         apt_ops.install(name="Node exporter from the distribution", packages=[node["package"]], recommends=False)
-        systemd.service(name="Enable and start the node exporter", service=node["service"], running=True,
+        systemd_ops.service(name="Enable and start the node exporter", service=node["service"], running=True,
                         enabled=True)
-        systemd.service(name="Restart the node exporter (arguments changed)", service=node["service"],
+        systemd_ops.service(name="Restart the node exporter (arguments changed)", service=node["service"],
                         running=True, restarted=True, _if=defaults.did_change)
         rendered = monitoring.collector_files(rig)
         files_ops.config_file(name="GPU collector script", dest=monitoring.COLLECTOR_SCRIPT,
@@ -59,7 +61,8 @@ def node_exporter(context: RigContext) -> None:
                                       content=rendered["timer"])
         systemd.daemon_reload(name="Reload systemd for the GPU collector",
                               _if=lambda: unit.did_change() or timer.did_change())
-        systemd.service(name="Enable and start the GPU collector timer", service=monitoring.COLLECTOR_TIMER,
+        systemd_ops.service(name="Enable and start the GPU collector timer", service=monitoring.COLLECTOR_TIMER,
                         running=True, enabled=True)
-        systemd.service(name="Restart the GPU collector timer (interval changed)", service=monitoring.COLLECTOR_TIMER,
+        systemd_ops.service(name="Restart the GPU collector timer (interval changed)",
+                            service=monitoring.COLLECTOR_TIMER,
                         running=True, restarted=True, _if=timer.did_change)

@@ -9,13 +9,13 @@ reboot only when the driver needs one.
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import server
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
 from rigfleet.operations import server as server_ops
@@ -80,7 +80,7 @@ def ubuntu_packages(rig: Rig, pin: DriverPin, where: Target) -> tuple[list[str],
     flavour = "-open" if rig.driver_module == "open" else ""
     branch = f"{pin.branch}-server"
     utils = f"nvidia-utils-{branch}"
-    kernel_flavour = ubuntu_flavour(host.get_fact(DebPackages))
+    kernel_flavour = ubuntu_flavour(cache.fact(DebPackages))
     if uses_dkms(rig, where):
         userspace = f"nvidia-headless-{branch}{flavour}"
         specs = [pinned(userspace, pin.version), pinned(utils, pin.version)]
@@ -98,7 +98,7 @@ def kernel_holds(where: Target) -> list[str]:
     """Kernel metapackages held with the driver: the kernel moves only with a rigfleet converge."""
     if where.distro == "debian":
         return [where.kernel_packages["image"], where.kernel_packages["headers"]]
-    installed = host.get_fact(DebPackages)
+    installed = cache.fact(DebPackages)
     return [name for name in ubuntu_kernel(ubuntu_flavour(installed)) if name in installed]
 
 
@@ -131,7 +131,7 @@ def nvidia_driver(context: RigContext) -> None:
         if uses_dkms(rig, where):
             meta = headers_metapackage(where)
             if where.distro == "ubuntu":
-                meta = f"linux-headers-{ubuntu_flavour(host.get_fact(DebPackages))}"
+                meta = f"linux-headers-{ubuntu_flavour(cache.fact(DebPackages))}"
             if where.distro == "debian":
                 # image and headers metapackages together: DKMS builds for the kernel that boots
                 apt_ops.install(

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 from weakref import WeakKeyDictionary
 
-from pyinfra import host, logger
+from pyinfra import logger
 from pyinfra.api import deploy
 from pyinfra.context import ctx_host
 
 from rigfleet import catalog
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.docker import DockerDaemonConfig
 from rigfleet.facts.nvidia import NvidiaSmi, NvidiaTopology, NvlinkStatus, has_nvlink
 from rigfleet.facts.system import DiskSpace, KernelHeaders, Platform, PlatformInfo, SecureBoot
@@ -95,7 +96,7 @@ def platform() -> PlatformInfo:
     runs before anything is executed, so it cannot have changed in between."""
     key = ctx_host.get()  # the Host object itself: a new one each run
     if key not in _platforms:
-        _platforms[key] = host.get_fact(Platform)
+        _platforms[key] = cache.fact(Platform)
     return _platforms[key]
 
 
@@ -134,7 +135,7 @@ def assess(context: RigContext) -> list[str]:
 def _secure_boot(rig: Rig, where: Target) -> list[str]:
     if not uses_dkms(rig, where) or rig.secure_boot_key_enrolled:
         return []
-    state = host.get_fact(SecureBoot)
+    state = cache.fact(SecureBoot)
     if not state.enabled:
         return []
     if where.distro == "debian":
@@ -156,7 +157,7 @@ def _secure_boot(rig: Rig, where: Target) -> list[str]:
 def _headers(rig: Rig, where: Target) -> list[str]:
     if not uses_dkms(rig, where):
         return []
-    headers = host.get_fact(KernelHeaders, meta=headers_metapackage(where))
+    headers = cache.fact(KernelHeaders, meta=headers_metapackage(where))
     if headers.installed or not headers.apt_lists or headers.candidate or headers.meta_candidate:
         return []
     return [
@@ -167,10 +168,10 @@ def _headers(rig: Rig, where: Target) -> list[str]:
 
 
 def _disk(rig: Rig) -> list[str]:
-    configured = host.get_fact(DockerDaemonConfig).config.get("data-root")
+    configured = cache.fact(DockerDaemonConfig).config.get("data-root")
     docker_root = rig.docker_data_root or (configured if isinstance(configured, str) else DOCKER_DATA_ROOT)
     # weights already in model_dir count as room; Docker's store is not measured (du is slow there)
-    usage = host.get_fact(DiskSpace, paths=[rig.model_dir, docker_root], measured=[rig.model_dir])
+    usage = cache.fact(DiskSpace, paths=[rig.model_dir, docker_root], measured=[rig.model_dir])
     problems, seen = [], set()
     for path in (rig.model_dir, docker_root):
         found = usage.get(path)
@@ -189,7 +190,7 @@ def _disk(rig: Rig) -> list[str]:
 
 
 def _gpus(rig: Rig) -> list[str]:
-    smi = host.get_fact(NvidiaSmi)
+    smi = cache.fact(NvidiaSmi)
     if smi.status == "no_devices":
         return [
             f"the NVIDIA driver is loaded but sees no GPU (expected {rig.gpu_count}); check the cards' "
@@ -212,7 +213,7 @@ def _gpus(rig: Rig) -> list[str]:
             f"{rig.gpu_model}); set gpu_model to the cards the rig has"
         )
     if len(names) > 1:
-        linked = has_nvlink(host.get_fact(NvidiaTopology), host.get_fact(NvlinkStatus), len(names))
+        linked = has_nvlink(cache.fact(NvidiaTopology), cache.fact(NvlinkStatus), len(names))
         if rig.nvlink and not linked:
             problems.append(
                 "nvlink: true, but `nvidia-smi topo -m` and `nvidia-smi nvlink --status` show no NVLink "

@@ -11,13 +11,13 @@ apply_all is never run here (it needs the GPU; the entrypoint runs it). Build lo
 
 from __future__ import annotations
 
-from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt
 
 from rigfleet import render
 from rigfleet.context import RigContext
+from rigfleet.facts import cache
 from rigfleet.facts.image import DockerImageInfo
 from rigfleet.operations import image
 from rigfleet.operations.image import is_tarball
@@ -35,13 +35,13 @@ def vllm_image(ctx: RigContext) -> None:
     tag = render.image_tag(pinset)
     # Branching at plan time is safe here: nothing earlier in a deploy removes images, and
     # every operation below re-checks the tag at execute time.
-    if host.get_fact(DockerImageInfo, ref=tag) is not None:
+    if cache.fact(DockerImageInfo, ref=tag) is not None:
         return
 
     tools = ["curl", "ca-certificates"]
     if pinset.genesis and not is_tarball(pinset.genesis.source):
         tools.append("git")
-    if any(host.get_fact(Which, command=tool) is None for tool in tools if tool != "ca-certificates"):
+    if any(cache.fact(Which, command=tool) is None for tool in tools if tool != "ca-certificates"):
         apt.packages(name="Tools the image build needs", packages=tools, update=True, cache_time=3600)
 
     if ctx.rig.registry:

@@ -29,6 +29,7 @@ from pyinfra.facts import deb, files, server, systemd
 from rigfleet import catalog
 from rigfleet.context import RigContext
 from rigfleet.facts import apt as rf_apt
+from rigfleet.facts import cache as rf_cache
 from rigfleet.facts import docker as rf_docker
 from rigfleet.facts import files as rf_files
 from rigfleet.facts import firewall as rf_firewall
@@ -190,6 +191,17 @@ class FakeRig:
             SourceEntry(SECURITY_MIRROR, f"{codename}-security", components, keyring),
         ]
 
+    def _batch(self, reads: tuple[rf_cache.Read, ...]) -> list[Any]:
+        """Each fact of a batched read as its own read answers it (one the rig has no answer for is
+        left to its own read, which then says so)."""
+        answers = []
+        for one in reads:
+            try:
+                answers.append(self.fact(one.cls, **one.kwargs))
+            except KeyError:
+                answers.append(rf_cache.MISSING)
+        return answers
+
     def _apt_sources(self) -> list[Any]:
         return [pyinfra_apt.AptRepo("deb", self.debian_mirror, self.platform.codename, ["main"], {})]
 
@@ -226,6 +238,7 @@ FACTS: dict[type, Callable[..., Any]] = {
     files.FileContents: lambda r, path: r.files[path].splitlines() if path in r.files else None,
     systemd.SystemdStatus: lambda r, **kw: r._systemd(**kw),
     systemd.SystemdEnabled: lambda r, **kw: r._systemd(enabled=True, **kw),
+    rf_cache.Batch: FakeRig._batch,
 }
 
 
@@ -270,8 +283,10 @@ def with_pins(context: RigContext, **pins: Any) -> RigContext:
     return RigContext(context.fleet, context.rig, pinset, context.variant)
 
 
-def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] | None = None) -> Plan:
-    """Run the roles against `rig` on a fake host and record what they would do."""
+def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] | None = None,
+         check_for_changes: bool = True) -> Plan:
+    """Run the roles against `rig` on a fake host and record what they would do (`check_for_changes`:
+    pyinfra's change preview, on as in `pyinfra deploy.py`, off as in the fleet commands and `-y`)."""
     from rigfleet.roles import HOST_LAYER, run_roles
 
     events: list[tuple[str, str]] = []
@@ -289,7 +304,7 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
             },
         )
     )
-    state = State(inventory, Config(FAIL_PERCENT=100))
+    state = State(inventory, Config(FAIL_PERCENT=100), check_for_changes=check_for_changes)
     connect_all(state)
     host = next(iter(inventory))
     host.get_fact = rig.fact  # type: ignore[method-assign,assignment]

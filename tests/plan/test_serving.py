@@ -158,6 +158,7 @@ def plan(rig: FakeRig, spec: ops.ReleaseSpec, monkeypatch: pytest.MonkeyPatch) -
     fake = SimpleNamespace(get_fact=get_fact, noop=noops.append, current_op_global_arguments={"_sudo": True,
                                                                                                "_timeout": 5})
     monkeypatch.setattr(ops, "pyinfra_host", fake)
+    monkeypatch.setattr(ops.cache, "fact", get_fact)  # the op reads its facts through rigfleet.facts.cache
     return list(ops.release._inner(spec)), noops  # type: ignore[attr-defined]
 
 
