@@ -23,6 +23,11 @@ from rigfleet.operations.ordering import role_scope
 UNIT_PATH = f"/etc/systemd/system/{render.ALLOWLIST_UNIT}"
 
 
+def planning_reads(context: RigContext) -> list[cache.Read]:
+    """The fact the role's deploy code reads (in the run's first batch, rigfleet.roles.run_roles)."""
+    return [cache.reading(ApiAllowlist, script=render.ALLOWLIST_SCRIPT, unit=UNIT_PATH)]
+
+
 @deploy("API allowlist")
 def api_firewall(context: RigContext) -> None:
     with role_scope(7):

@@ -47,13 +47,27 @@ def hub_token_stdin(ctx: RigContext, ref: SecretRef) -> SecretStdin:
     return SecretStdin(hub_token_source(ctx, ref))
 
 
+def _template(ctx: RigContext) -> str | None:
+    chat = ctx.variant.chat_template
+    return f"{ctx.rig.model_dir}/chat-templates/{chat}.jinja" if chat else None
+
+
+def planning_reads(ctx: RigContext) -> list[cache.Read]:
+    """The facts the role's deploy code reads (in the run's first batch, rigfleet.roles.run_roles)."""
+    subdir = weights_spec(ctx)["subdir"]
+    template = _template(ctx)
+    return [cache.reading(WeightsState, dest=f"{ctx.rig.model_dir}/{subdir}",
+                          stamp=weights.stamp_path(ctx.rig.model_dir, subdir)),
+            *([cache.reading(File, path=template)] if template else [])]
+
+
 @deploy("model_weights")
 def model_weights(ctx: RigContext) -> None:
     rig, variant = ctx.rig, ctx.variant
     spec = weights_spec(ctx)
     subdir = spec["subdir"]
     dest = f"{rig.model_dir}/{subdir}"
-    template = f"{rig.model_dir}/chat-templates/{variant.chat_template}.jinja" if variant.chat_template else None
+    template = _template(ctx)
 
     # Plan-time branch: nothing earlier in a deploy touches weights; the operations re-check.
     state = cache.fact(WeightsState, dest=dest, stamp=weights.stamp_path(rig.model_dir, subdir))

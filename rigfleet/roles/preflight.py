@@ -105,6 +105,13 @@ def target(context: RigContext) -> Target | None:
     return target_of(platform())
 
 
+def planning_reads(context: RigContext) -> list[cache.Read]:
+    """What preflight reads that needs nothing read before it (in the run's first batch,
+    rigfleet.roles.run_roles); the kernel headers and the disk follow from these (`assess`)."""
+    return [cache.reading(cls) for cls in (Platform, SecureBoot, DockerDaemonConfig, NvidiaSmi, NvidiaTopology,
+                                            NvlinkStatus)]
+
+
 def uses_dkms(rig: Rig, where: Target) -> bool:
     """DKMS unless the platform ships prebuilt modules (catalog/platforms.yaml) and the rig takes them."""
     return not where.prebuilt_modules or rig.driver_install == "dkms"
@@ -128,6 +135,7 @@ def assess(context: RigContext) -> list[str]:
             f"{found} is not supported: rigfleet needs {catalog.platforms()['supported_text']}; reinstall "
             "the rig or take it out of the inventory"
         ]
+    cache.read([*_headers_read(rig, where), _disk_read(rig)])  # one round trip for the two
     problems = _secure_boot(rig, where) + _headers(rig, where) + _cdi(context, where) + _disk(rig) + _gpus(rig)
     return problems
 
@@ -154,6 +162,20 @@ def _secure_boot(rig: Rig, where: Target) -> list[str]:
     ]
 
 
+def _headers_read(rig: Rig, where: Target) -> list[cache.Read]:
+    return [cache.reading(KernelHeaders, meta=headers_metapackage(where))] if uses_dkms(rig, where) else []
+
+
+def _docker_root(rig: Rig) -> str:
+    configured = cache.fact(DockerDaemonConfig).config.get("data-root")
+    return rig.docker_data_root or (configured if isinstance(configured, str) else DOCKER_DATA_ROOT)
+
+
+def _disk_read(rig: Rig) -> cache.Read:
+    # weights already in model_dir count as room; Docker's store is not measured (du is slow there)
+    return cache.reading(DiskSpace, paths=[rig.model_dir, _docker_root(rig)], measured=[rig.model_dir])
+
+
 def _headers(rig: Rig, where: Target) -> list[str]:
     if not uses_dkms(rig, where):
         return []
@@ -168,10 +190,9 @@ def _headers(rig: Rig, where: Target) -> list[str]:
 
 
 def _disk(rig: Rig) -> list[str]:
-    configured = cache.fact(DockerDaemonConfig).config.get("data-root")
-    docker_root = rig.docker_data_root or (configured if isinstance(configured, str) else DOCKER_DATA_ROOT)
-    # weights already in model_dir count as room; Docker's store is not measured (du is slow there)
-    usage = cache.fact(DiskSpace, paths=[rig.model_dir, docker_root], measured=[rig.model_dir])
+    docker_root = _docker_root(rig)
+    read = _disk_read(rig)
+    usage = cache.fact(DiskSpace, **read.kwargs)
     problems, seen = [], set()
     for path in (rig.model_dir, docker_root):
         found = usage.get(path)

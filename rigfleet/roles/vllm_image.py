@@ -29,6 +29,11 @@ def provenance_labels(ctx: RigContext, tag: str) -> dict[str, str]:
     return {"io.rigfleet.image-tag": tag, "io.rigfleet.pinset": ctx.pinset.name}
 
 
+def planning_reads(ctx: RigContext) -> list[cache.Read]:
+    """The fact the role's deploy code reads first (in the run's first batch, rigfleet.roles.run_roles)."""
+    return [cache.reading(DockerImageInfo, ref=render.image_tag(ctx.pinset))]
+
+
 @deploy("vllm_image")
 def vllm_image(ctx: RigContext) -> None:
     pinset = ctx.pinset
