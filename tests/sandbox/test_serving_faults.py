@@ -11,8 +11,9 @@
 3. the disk fills during the weights download (the model dir on a 256 KiB tmpfs): the deploy fails
    saying so and that nothing was stopped; the same container keeps serving, the ledger unchanged;
 4. drift made by hand that no shortcut may skip: a rigfleet file on the rig edited (the next
-   converge writes it back, no swap) and the serving container removed (the next converge recovers
-   the release through its gate, a `recover` attempt in the ledger).
+   converge writes it back, no swap), a held package unheld and removed (the next converge
+   reinstalls it at its pin and holds it) and the serving container removed (the next converge
+   recovers the release through its gate, a `recover` attempt in the ledger).
 
 Runs after test_serving.py in CI (the rig serves already: the first converge here changes little).
 Run it under the shared sandbox lock:
@@ -204,6 +205,26 @@ def test_a_file_edited_on_the_rig_by_hand_is_repaired_by_the_next_converge(sandb
     assert proc.returncode == 0, "the converge after the edit failed (its log is above)"
     assert sandbox.ssh(RIG, f"sudo sha256sum {fragment}").stdout.split()[0] == want, "the fragment is back"
     assert running_containers(sandbox) == serving_before, "a host file's repair swaps no release"
+
+
+def test_a_held_package_removed_by_hand_is_reinstalled_and_held_by_the_next_converge(sandbox: Sandbox,
+                                                                                    inventory: Path) -> None:
+    """Package drift no shortcut may skip (the no-op reads package state once, in one batch): the
+    toolkit's CLI package unheld and removed by hand, a pinned and held package on the converged
+    rig, comes back at the same version and held, and the rig still answers."""
+    package = "nvidia-container-toolkit"
+    version = sandbox.ssh(RIG, f"dpkg-query -W -f '${{Version}}' {package}").stdout.strip()
+    assert version and package in sandbox.ssh(RIG, "apt-mark showhold").stdout.split()
+    sandbox.ssh(RIG, f"sudo apt-mark unhold {package} >/dev/null && "
+                     f"sudo DEBIAN_FRONTEND=noninteractive apt-get remove -y {package}", timeout=300)
+    assert sandbox.ssh(RIG, f"dpkg-query -W -f '${{Status}}' {package}", check=False).stdout.strip() != \
+        "install ok installed", "removed by hand"
+    proc = run(inventory, deploy_argv())
+    assert proc.returncode == 0, "the converge after the removal failed (its log is above)"
+    assert sandbox.ssh(RIG, f"dpkg-query -W -f '${{Status}} ${{Version}}' {package}").stdout.strip() == \
+        f"install ok installed {version}", "reinstalled at the pinned version"
+    assert package in sandbox.ssh(RIG, "apt-mark showhold").stdout.split(), "held again"
+    assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]))
 
 
 def test_a_container_removed_by_hand_is_recovered_by_the_next_converge(sandbox: Sandbox, inventory: Path) -> None:
