@@ -222,7 +222,7 @@ def test_a_held_package_removed_by_hand_is_reinstalled_and_held_by_the_next_conv
     proc = run(inventory, deploy_argv())
     assert proc.returncode == 0, "the converge after the removal failed (its log is above)"
     assert sandbox.ssh(RIG, f"dpkg-query -W -f '${{Status}} ${{Version}}' {package}").stdout.strip() == \
-        f"install ok installed {version}", "reinstalled at the pinned version"
+        f"hold ok installed {version}", "reinstalled at the pinned version, and held"
     assert package in sandbox.ssh(RIG, "apt-mark showhold").stdout.split(), "held again"
     assert "Paris" in chat(sandbox, port_of(sandbox, seen["b"]))
 
