@@ -1,6 +1,7 @@
 """Faults around a serving rig, on one SIMULATED rig, in file order (each test builds on the last):
 
-1. a second operator deploys to the rig while a first deploy converges it (a variant swap): the
+1. a second operator deploys to the rig while a first deploy converges it (a variant swap, and a
+   package to reinstall that waits behind dpkg locks the test holds): the
    second, through `pyinfra deploy.py` and through `rigfleet repin`, is refused at once naming the
    rig and the holder (the first deploy's user, machine, program and pid); `rigfleet status` still
    answers; the first deploy completes, its swap is the only ledger entry, and the lock is free after;
@@ -36,6 +37,7 @@ from rigfleet.riglock import LOCK_PATH
 from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
+from .test_faults import hold_locks, release_locks
 from .test_serving import bin_path, chat, port_of
 
 RIG = "rig-01"
@@ -108,6 +110,11 @@ def test_a_second_deploy_of_the_same_rig_is_refused_naming_the_holder(sandbox: S
                                                                       tmp_path: Path) -> None:
     host_vars(inventory, variant="tq3-nomtp")  # real work for the first deploy: a gated swap
     attempts = len(ledger(sandbox)["attempts"])
+    # and a package to reinstall behind held dpkg locks: the first deploy waits there (apt's
+    # DPkg::Lock::Timeout) while the others run, however fast the rest of its converge is
+    sandbox.ssh(RIG, "sudo apt-mark unhold nvidia-container-toolkit >/dev/null && "
+                     "sudo DEBIAN_FRONTEND=noninteractive apt-get remove -y nvidia-container-toolkit", timeout=300)
+    locks = hold_locks(sandbox, 600)
     log = tmp_path / "first.log"
     with open(log, "wb") as out:
         first = subprocess.Popen(deploy_argv(), cwd=REPO_ROOT, env=env(inventory), stdout=out,
@@ -123,6 +130,7 @@ def test_a_second_deploy_of_the_same_rig_is_refused_naming_the_holder(sandbox: S
         during = status_row(inventory)  # status only reads: it takes no lock
         assert first.poll() is None, "the first deploy ended before the others ran: the test proved nothing"
     finally:
+        release_locks(sandbox, locks)
         first_rc = first.wait(timeout=DEPLOY_TIMEOUT_S)
     print(log.read_text()[-4000:])
     refused = f"{RIG}: another deploy holds the rig lock {LOCK_PATH}: "
