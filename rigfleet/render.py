@@ -221,6 +221,11 @@ class Release:
         keyed by the image's content tag, so a re-pin never reuses a stale compiled graph."""
         return self.image.split(":", 1)[1]
 
+    def cache_mounts(self) -> dict[str, str]:
+        """Container env var of each engine cache -> its host dir, under the image's cache key."""
+        cache_dir = f"{self.rig.cache_dir}/compile/{self.cache_key()}"
+        return {"VLLM_CACHE_ROOT": f"{cache_dir}/vllm", "TRITON_CACHE_DIR": f"{cache_dir}/triton"}
+
     def compose(self, release_id: str) -> str:
         v, rig = self.variant, self.rig
         return render(
@@ -253,12 +258,10 @@ class Release:
         """Bind mounts as (source, target, read_only), written in Compose's long syntax: a `:` in a
         path can never re-shape the mount."""
         v, rig = self.variant, self.rig
-        cache_dir = f"{rig.cache_dir}/compile/{self.cache_key()}"
-        mounts = [
-            (rig.model_dir, CONTAINER_MODEL_ROOT, True),
-            (f"{cache_dir}/torch_compile", "/root/.cache/vllm/torch_compile_cache", False),
-            (f"{cache_dir}/triton", "/root/.triton/cache", False),
-        ]
+        env = self.environment()
+        # the whole vLLM cache root and Triton's cache dir, where the container's env points them
+        mounts = [(rig.model_dir, CONTAINER_MODEL_ROOT, True)]
+        mounts += [(host, env[name], False) for name, host in self.cache_mounts().items()]
         if v.chat_template:
             mounts.append((f"{rig.model_dir}/chat-templates/{v.chat_template}.jinja", chat_template_path(v), True))
         return mounts

@@ -40,7 +40,11 @@ except ImportError:  # on the control machine (tests): the package
 Check = checks.Check  # short name for building results
 ENV_FILE = "rigfleet.env"
 LOG_TAIL_LINES = 40
-POLL_S = 2.0
+# Readiness polls start short and back off to POLL_S: a swap's downtime ends when the gate sees the
+# engine ready, so a fixed 2 s sleep after the first refused connection was most of rigfleet's share
+# of a swap; backing off keeps a long (real) boot from being probed more than once a second.
+POLL_FIRST_S = 0.05
+POLL_S = 1.0
 LEVELS = ("smoke", "full", "stress", "soak")
 ALIASES = {"basic": "smoke"}  # the swap gate's name for smoke
 
@@ -193,6 +197,7 @@ class Gate:
         bad_health_since: float | None = None
         warmed = False
         last = "no answer yet"
+        pause = POLL_FIRST_S
         while time.time() < deadline:
             state = container_state(self.container)
             self.out["container"] = state
@@ -242,7 +247,8 @@ class Gate:
             else:
                 last = f"/health: {body}"
             log(f"not ready: {last}")
-            time.sleep(POLL_S)
+            time.sleep(min(pause, POLL_S, max(0.0, deadline - time.time())))
+            pause *= 1.5
         self.checks.append(Check("ready", False, f"not ready within {self.timeout:.0f} s: {last}"))
         return False
 

@@ -60,6 +60,7 @@ ENV_FILE = "rigfleet.env"
 AUTH_KEYS = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env", "_su_user",
              "_use_su_login", "_preserve_su_env", "_su_shell", "_su_password", "_doas", "_doas_user", "_dzdo",
              "_dzdo_user")
+UP_FAILED = "rigfleet: compose up failed"  # start_and_gate's stdout when the gate never ran
 SSH_MARGIN_S = 300  # the probe bounds itself; this only guards against a hung SSH channel
 
 
@@ -361,20 +362,29 @@ class Remote:
         ok, out, _ = self.run(ServingState().command(release_id))
         return parse_state(out.splitlines()) if ok else parse_state([])
 
-    def epoch(self) -> float:
-        return float(self.must("date +%s.%N", "reading the rig's clock").strip())
-
     def compose(self, release_dir: str, args: str, what: str) -> str:
         return self.must(f"cd {q(release_dir)} && docker compose {args}", what)
 
-    def gate(self, release_dir: str, level: str, timeout_s: int) -> dict[str, Any]:
+    def start_and_gate(self, release_dir: str, level: str, timeout_s: int, what: str) -> dict[str, Any]:
+        """`compose up` of the release, then its gate, in ONE remote command: the gate starts
+        probing as soon as the container exists, with no SSH round trip inside the downtime.
+        A failed `up` raises as `compose` does (the gate never ran)."""
+        up = f"cd {q(release_dir)} && docker compose up -d --force-recreate --remove-orphans"
+        return self.gate(release_dir, level, timeout_s, before=up, what=what)
+
+    def gate(self, release_dir: str, level: str, timeout_s: int, before: str = "",
+             what: str = "") -> dict[str, Any]:
         budget = timeout_s * (2 if level == "full" else 1) + SSH_MARGIN_S
         command = f"python3 {GATE_DIR}/probe.py {q(release_dir)} --level {q(level)} --timeout {int(timeout_s)}"
+        if before:  # its output to stderr: stdout is the gate's JSON, or the marker that `before` failed
+            command = f"( {before} ) >&2 || {{ echo {q(UP_FAILED)}; exit 1; }}; {command}"
         try:
             _, out, err = self.run(command, timeout=budget)
         except Exception as exc:  # a hung channel or a dropped connection is a failed gate, not a crash
             return {"ok": False, "level": level, "checks": [
                 {"name": "gate", "ok": False, "warning": False, "detail": f"{type(exc).__name__}: {exc}"}]}
+        if before and out.strip() == UP_FAILED:
+            raise ServingError(f"{what}: {err.strip()[-600:]}")
         result = gate.parse_output(out)
         if not out.strip() and err.strip():
             result["checks"][0]["detail"] += " | " + err.strip()[-300:]
@@ -431,26 +441,28 @@ def read_meta(remote: Remote, release_id: str) -> ReleaseRecord | None:
         return None
 
 
-def stop_others(remote: Remote, observed: dict[str, Any], keep: str) -> tuple[bool, list[str]]:
+def stop_others(remote: Remote, observed: dict[str, Any], keep: str) -> tuple[float | None, list[str]]:
     """Stop every rigfleet container not of release `keep` (compose down in its dir when it has
-    one). Returns (something was running, what was stopped)."""
+    one). Returns (the rig's clock when the last one stopped, None when none was running; what was
+    stopped)."""
     was_running = False
     stopped: list[str] = []
     by_release: dict[str, list[dict[str, Any]]] = {}
     for c in observed.get("containers") or []:
         if c.get("release") != keep:
             by_release.setdefault(str(c.get("release")), []).append(c)
+    stopped_at: float | None = None
     for rid, containers in by_release.items():
         was_running |= any(c.get("status") in ("running", "restarting") for c in containers)
         directory = release_dir(rid)
-        ok, _, _ = remote.run(f"test -f {q(directory)}/compose.yaml")
-        if ok:
-            remote.compose(directory, "down", f"stopping release {rid}")
-        else:  # a container whose release dir is gone: remove it by id
-            ids = " ".join(q(c["id"]) for c in containers)
-            remote.must(f"docker rm -f {ids}", f"removing containers of release {rid}")
+        ids = " ".join(q(c["id"]) for c in containers)
+        # one round trip per release: compose down in its dir, or (its dir is gone) remove the
+        # containers by id; then the rig's clock, the moment it stopped serving (downtime's start)
+        out = remote.must(f"if test -f {q(directory)}/compose.yaml; then cd {q(directory)} && docker compose down; "
+                          f"else docker rm -f {ids}; fi >&2 && date +%s.%N", f"stopping release {rid}")
+        stopped_at = float(out.split()[-1])
         stopped.append(rid)
-    return was_running, stopped
+    return (stopped_at if was_running else None), stopped
 
 
 @dataclass
@@ -493,13 +505,11 @@ class Swap:
             previous = read_meta(remote, fallback) if fallback else None
             self.drain.out(host, str(previous.base_url) if previous and previous.base_url else None)
         try:  # from here on, whatever goes wrong ends with the fallback started again
-            was_running, stopped = stop_others(remote, observed, keep=self.target_id)
-            stopped_at = remote.epoch() if was_running else None
+            stopped_at, stopped = stop_others(remote, observed, keep=self.target_id)
             if stopped:
                 _say(host, f"stopped release {', '.join(stopped)}")
-            remote.compose(self.target_dir, "up -d --force-recreate --remove-orphans",
-                           f"starting release {self.target_id}")
-            result = remote.gate(self.target_dir, self.level, self.timeout_s)
+            result = remote.start_and_gate(self.target_dir, self.level, self.timeout_s,
+                                           f"starting release {self.target_id}")
         except Exception as exc:  # noqa: BLE001 - a dropped SSH channel must still restore the fallback
             result = {"ok": False, "level": self.level, "checks": [
                 {"name": "swap", "ok": False, "warning": False, "detail": f"{type(exc).__name__}: {exc}"}]}
@@ -532,8 +542,7 @@ class Swap:
             restored = fallback
             fallback_dir = release_dir(fallback)
             try:
-                remote.compose(fallback_dir, "up -d --force-recreate --remove-orphans", f"restarting {fallback}")
-                again = remote.gate(fallback_dir, "basic", self.timeout_s)
+                again = remote.start_and_gate(fallback_dir, "basic", self.timeout_s, f"restarting {fallback}")
             except ServingError as exc:
                 again = {"ok": False, "checks": [{"name": "restart", "ok": False, "detail": str(exc)}]}
             restore_ok = bool(again.get("ok"))

@@ -49,7 +49,6 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
         if ref is not None:
             path = ctx.fleet.path(ref.file)
             secrets.append(ops.SecretSource(field_name, env=ref.env, path=str(path) if path else None))
-    cache = f"{rig.cache_dir}/compile/{rel.cache_key()}"
     meta = ReleaseRecord.model_validate({
         "release_id": release_id,
         "rig": rig.name,
@@ -75,7 +74,7 @@ def release_spec(ctx: RigContext) -> ops.ReleaseSpec:
         meta=meta,
         render_env=rel.env_file,
         secrets=tuple(secrets),
-        cache_dirs=(f"{cache}/torch_compile", f"{cache}/triton"),
+        cache_dirs=tuple(rel.cache_mounts().values()),  # created before the swap: the compile caches
         level=rig.gate,
         timeout_s=rig.gate_timeout_s,
         drain=drain_spec(ctx),

@@ -88,7 +88,23 @@ class FakeRig:
         return ok, CommandOutput([OutputLine("stdout", line) for line in out.splitlines()])
 
     def respond(self, cmd: str, stdin: str | None) -> tuple[bool, str]:
-        self.clock += 1
+        self.clock += 1  # one remote command, one tick of the rig's clock
+        # the swap's compound commands: stop a release then read the clock; compose up then the gate
+        if m := re.match(r"if test -f (\S+)/compose.yaml; then cd \S+ && docker compose down; "
+                         r"else docker rm -f (.*); fi >&2 && date \+%s\.%N$", cmd):
+            directory = m.group(1).strip("'")
+            if f"{directory}/compose.yaml" in self.files:
+                self.answer(f"cd {m.group(1)} && docker compose down", None)
+            else:
+                ids = {i.strip("'") for i in m.group(2).split()}
+                self.containers = [c for c in self.containers if c["id"] not in ids]
+            return True, f"{self.clock:.3f}"
+        if m := re.match(r"\( (.*) \) >&2 \|\| \{ echo .*; exit 1; \}; (.*)$", cmd):
+            ok, _ = self.answer(m.group(1), None)
+            return self.answer(m.group(2), None) if ok else (False, ops.UP_FAILED)
+        return self.answer(cmd, stdin)
+
+    def answer(self, cmd: str, stdin: str | None) -> tuple[bool, str]:
         if "base64 -d | python3 -" in cmd:
             rid = cmd.rsplit(" ", 1)[-1].strip("'")
             return True, json.dumps(self.observed("" if rid == "-" else rid))
@@ -266,7 +282,9 @@ def test_variant_change_stops_the_old_release_only_after_checks(example_inventor
         "down_old": f"{old.release_id} && docker compose down", "up_new": f"{new.release_id} && docker compose up",
         "gate": "python3 /opt/rigfleet/gate/probe.py"}.items()}
     assert index["config"] < index["down_old"] and index["image"] < index["down_old"]
-    assert index["down_old"] < index["up_new"] < index["gate"]
+    assert index["down_old"] < index["up_new"] == index["gate"]  # one command: up, and only then the gate
+    start = rig.commands[index["gate"]]
+    assert start.index("docker compose up") < start.index("|| {") < start.index("probe.py")
     assert "--force-recreate" in rig.commands[index["up_new"]]
     assert rig.running() == [new.release_id]
     book = rig.ledger

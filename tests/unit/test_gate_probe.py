@@ -269,3 +269,24 @@ def test_main_prints_one_json_line(engine: tuple[Engine, str], fake_docker: dict
 def test_main_without_release_json_still_prints_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert probe.main([str(tmp_path)]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_readiness_polls_back_off_and_every_check_still_runs(engine: tuple[Engine, str], fake_docker: dict[str, Any],
+                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first probes follow each other closely (a swap's downtime ends when the gate sees the
+    engine), later ones back off to POLL_S; a ready engine still gets /health, /v1/models and chat."""
+    state, url = engine
+    healthy, state.mode = state.mode, "unhealthy"
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        if len(pauses) == 12:
+            state.mode = healthy
+
+    monkeypatch.setattr(probe.time, "sleep", sleep)
+    result = run_gate(release_dir(tmp_path, url, unhealthy_grace_s=600), "basic", timeout=600)
+    assert result["ok"], result["checks"]
+    assert [c["name"] for c in result["checks"]][:4] == ["running", "health", "models", "chat"]
+    assert pauses[0] == probe.POLL_FIRST_S and pauses == sorted(pauses)
+    assert max(pauses) == probe.POLL_S

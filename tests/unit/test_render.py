@@ -140,3 +140,31 @@ def test_nvlink_rig_gets_nccl_over_nvlink_and_no_expandable_segments(golden_inve
     assert [p for p in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if p] == kept
     custom = "--disable-custom-all-reduce" in nvlinked.serve_args()
     assert custom == (pcie.variant.custom_all_reduce == "disabled")
+
+
+@pytest.mark.parametrize("variant", sorted(catalog.variants()))
+def test_engine_caches_live_on_a_host_dir_keyed_by_image(golden_inventory: Path, variant: str) -> None:
+    """vLLM's whole cache root (torch.compile, inductor) and Triton's cache dir are bind mounts from
+    a host dir named by the image's content tag, at the paths the container's env points them to:
+    a restart or rollback of one image finds its compiled artifacts, another image never does."""
+    release = releases(golden_inventory)[variant]
+    service = yaml.safe_load(release.compose("r1"))["services"]["vllm"]
+    env = service["environment"]
+    mounts = {m["target"]: m for m in service["volumes"]}
+    tag = release.image.split(":", 1)[1]
+    for name, leaf in (("VLLM_CACHE_ROOT", "vllm"), ("TRITON_CACHE_DIR", "triton")):
+        mount = mounts[env[name]]
+        assert mount["source"] == f"{release.rig.cache_dir}/compile/{tag}/{leaf}"
+        assert mount["read_only"] is False
+    same = Release(release.rig, release.pinset, release.variant)
+    assert same.cache_mounts() == release.cache_mounts()
+    moved = release.pinset.model_copy(update={"python_deps": {**release.pinset.python_deps, "xxhash": "3.6.0"}})
+    other = Release(release.rig, moved, release.variant)
+    assert set(other.cache_mounts().values()).isdisjoint(release.cache_mounts().values())
+
+
+def test_a_rig_moving_a_cache_dir_moves_its_mount(golden_inventory: Path) -> None:
+    release = releases(golden_inventory)["int8"]
+    rig = release.rig.model_copy(update={"engine_env": {**release.rig.engine_env, "TRITON_CACHE_DIR": "/cache/t"}})
+    volumes = yaml.safe_load(Release(rig, release.pinset, release.variant).compose("r1"))["services"]["vllm"]["volumes"]
+    assert {m["target"] for m in volumes} >= {"/cache/t", "/root/.cache/vllm"}
