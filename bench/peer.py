@@ -27,6 +27,7 @@ from rigfleet.context import context_of
 from rigfleet.loader import Fleet
 from rigfleet.operations import weights as weights_ops
 from rigfleet.roles.container_toolkit import TOOLKIT, TOOLKIT_KEYRING, TOOLKIT_SOURCES
+from rigfleet.roles.docker_engine import CONFLICTS, DOCKER_KEYRING, docker_ce_specs
 from rigfleet.roles.model_weights import weights_spec
 from rigfleet.roles.nvidia_driver import ARCHIVE_COMPONENTS, CUDA_KEYRING, NOUVEAU_CONF, pinned
 from rigfleet_sandbox.layout import INSTANCE, repo_root
@@ -46,6 +47,14 @@ HOST_FILES = [
     TOOLKIT_KEYRING,
     f"{TOOLKIT_SOURCES}.sources",
     "/etc/udev/rules.d/71-nvidia-dev-char.rules",
+]
+# Docker's repository with docker_source: docker-ce (the default), the trixie Compose source with
+# distro Docker on Debian 12: whichever the rig has is managed, the other is absent
+DOCKER_FILES = [
+    DOCKER_KEYRING,
+    "/etc/apt/sources.list.d/docker.sources",
+    "/etc/apt/sources.list.d/rigfleet-trixie-compose.sources",
+    "/etc/apt/preferences.d/rigfleet-compose-from-trixie.pref",
 ]
 OWN_TASK_FILES = [
     NOUVEAU_CONF,
@@ -100,6 +109,11 @@ def _fetch(fleet: Fleet, rig: str, paths: list[str], into: Path) -> list[dict[st
     return found
 
 
+def docker_packages(source: str, version: str | None, platform: dict[str, Any]) -> list[str]:
+    """What the Docker role installs: Docker CE at the pin or the distribution's packages."""
+    return docker_ce_specs(version) if source == "docker-ce" else list(platform["docker_distro"]["packages"])
+
+
 def host_vars(fleet: Fleet, name: str) -> dict[str, Any]:
     """The playbook's variables for one rig, from rigfleet's inventory and the converged rig."""
     resolved = release.resolve(fleet, name)
@@ -111,7 +125,7 @@ def host_vars(fleet: Fleet, name: str) -> dict[str, Any]:
     version = re.search(r'^VERSION_ID="?([0-9.]+)', os_release, re.M)
     slug = next(p["cuda_slug"] for p in catalog.platforms()["platforms"].values()
                 if version and p["version"] == version.group(1))
-    managed = _fetch(fleet, name, [p.format(slug=slug) for p in HOST_FILES], files)
+    managed = _fetch(fleet, name, [p.format(slug=slug) for p in HOST_FILES] + DOCKER_FILES, files)
     _fetch(fleet, name, OWN_TASK_FILES, files)
     release_id = resolved.release_id()
     release_dir = rigstate.release_dir(release_id)
@@ -125,8 +139,8 @@ def host_vars(fleet: Fleet, name: str) -> dict[str, Any]:
         "linux-image-amd64",
         f"nvidia-driver-pinning-{pin.version or pin.branch}",
         pinned("nvidia-open" if rig.driver_module == "open" else "cuda-drivers", pin.version),
-        *[p for p in catalog.platforms()["platforms"][f"debian-{version.group(1) if version else ''}"]
-          ["docker_distro"]["packages"]],
+        *docker_packages(rig.docker_source, pinset.docker.version,
+                         catalog.platforms()["platforms"][f"debian-{version.group(1) if version else ''}"]),
         *[f"{p}={toolkit}-*" if toolkit else p for p in TOOLKIT],
     ]
     return {
@@ -142,6 +156,7 @@ def host_vars(fleet: Fleet, name: str) -> dict[str, Any]:
         "peer_gpu_count": rig.gpu_count,
         "peer_managed_files": managed,
         "peer_packages": packages,
+        "peer_absent": CONFLICTS if rig.docker_source == "docker-ce" else [],
         "peer_held": _ssh(fleet, name, "apt-mark showhold").split(),
         "peer_services": ["docker.service", "rigfleet-gpu-tuning.service"],
         "peer_weights_dir": f"{rig.model_dir}/{spec['subdir']}",

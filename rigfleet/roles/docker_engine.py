@@ -100,14 +100,14 @@ def _docker_ce(context: RigContext, where: Target) -> list[str]:
         components=["stable"],
         architectures=["amd64"],
     )
-    version = context.pinset.docker.version
-    # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
-    specs = [
-        f"{name}=5:{version}-*" if version and name in DOCKER_CE_VERSIONED else name
-        for name in DOCKER_CE
-    ]
-    apt_ops.install(name="Docker CE", packages=specs)
+    apt_ops.install(name="Docker CE", packages=docker_ce_specs(context.pinset.docker.version))
     return DOCKER_CE
+
+
+def docker_ce_specs(version: str | None) -> list[str]:
+    """apt specs of Docker CE at the pin set's version (all of it at the newest without one)."""
+    # Docker CE versions carry epoch 5: 5:28.3.3-1~debian.12~bookworm
+    return [f"{name}=5:{version}-*" if version and name in DOCKER_CE_VERSIONED else name for name in DOCKER_CE]
 
 
 def _distro(where: Target) -> list[str]:
