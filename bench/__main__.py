@@ -5,10 +5,11 @@
 Measures (issue "Benchmarks"): fresh converge of one rig (split into waiting on downloads and
 rigfleet's own time), no-op converge of one rig (wall, remote commands, bytes sent), no-op
 converge of 1/2/4 rigs (ratio), swap downtime minus the engine's own ready time, and a 4-rig
-re-pin (image builds, total, per wave); and real-upstream verification, cold (wheels downloaded)
-and warm (cached), with what the warm path adds to `rigfleet check` (bench/verify.py, no sandbox:
-`--only verify` runs without root or the sandbox lock). The rest runs as root and holds the sandbox
-lock for its duration.
+re-pin (image builds, total, per wave); the bytes the 1st and the 2nd rig of a fleet with a
+download cache pull from the sandbox's stand-in upstream (bench/cache.py); and real-upstream
+verification, cold (wheels downloaded) and warm (cached), with what the warm path adds to
+`rigfleet check` (bench/verify.py, no sandbox: `--only verify` runs without root or the sandbox
+lock). The rest runs as root and holds the sandbox lock for its duration.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ def builds(fleet: Fleet, names: list[str]) -> int:
                for n in names)
 
 
-SECTIONS = ("fresh", "noop", "peer", "swap", "repin", "scale", "verify")
+SECTIONS = ("fresh", "cache", "noop", "peer", "swap", "repin", "scale", "verify")
 NO_SANDBOX = {"verify"}  # sections that need no sandbox rigs (nor root, nor its lock)
 
 
@@ -297,6 +298,11 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
             metric("  package installs and downloads", "s").values.append(waiting)
             metric("  everything else (build, engine start, gate, rigfleet)", "s").values.append(wall - waiting)
             slowest.append(dict(sorted(timer.seconds.items(), key=lambda item: -item[1])[:12]))
+
+    if "cache" not in skip:
+        from bench import cache
+
+        cache.run(sandbox_up, converge_timed, OpTimer, metric, say, repeats)
 
     scaled, rss = scale(args, metric, say) if "scale" not in skip else (None, 0.0)
     if skip >= {"noop", "peer", "swap", "repin"}:

@@ -79,6 +79,12 @@ def gateway() -> dict[str, Any]:
 
 
 @cache
+def fleet_cache() -> dict[str, Any]:
+    """The fleet's download cache: apt-cacher-ng's package, port and settings (fleet_cache.yaml)."""
+    return dict(_load("fleet_cache.yaml"))
+
+
+@cache
 def monitoring() -> dict[str, Any]:
     """The distribution's Prometheus packages, ports and the metric names rigfleet reads (monitoring.yaml)."""
     return dict(_load("monitoring.yaml"))

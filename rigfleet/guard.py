@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from packaging.version import Version
 
-from rigfleet import catalog, exposure, gateway, planner, release
+from rigfleet import catalog, exposure, fleetcache, gateway, planner, release
 from rigfleet.errors import FLEET, InputError, Problem, one_of
 from rigfleet.loader import Fleet
 from rigfleet.render import Release
@@ -39,6 +39,7 @@ def check(fleet: Fleet) -> list[Problem]:
         problems += list(_rig(rig, fleet))
     problems += list(_risks(fleet))
     problems += gateway.problems(fleet)
+    problems += fleetcache.problems(fleet)
     for problem in upstream_fleet.problems(fleet):
         name = problem.rig.removeprefix("pinset ")
         if problem.rig.startswith("pinset ") and name not in used and not problem.warning:

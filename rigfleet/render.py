@@ -292,15 +292,19 @@ def chat_template_path(variant: Variant) -> str:
     return f"{CHAT_TEMPLATES_DIR}/{variant.chat_template}.jinja"
 
 
-def host_files(rig: Rig) -> dict[str, str]:
-    """Host-layer files the roles install (power cap unit, udev rule, apt settings)."""
+def host_files(rig: Rig, apt_proxy: str | None = None, direct_mirrors: bool = True,
+               apt_check: str | None = None) -> dict[str, str]:
+    """Host-layer files the roles install (power cap unit, udev rule, apt settings). `apt_proxy`
+    replaces the rig's own (the fleet cache, rigfleet.fleetcache), `direct_mirrors` False sends the
+    fleet's plain-HTTP mirrors through it too, `apt_check` runs before every apt update."""
     gpu = catalog.gpus()[rig.gpu_model]
     return {
         "systemd/rigfleet-gpu-tuning.service": render("systemd/rigfleet-gpu-tuning.service.j2", rig=rig, gpu=gpu,
                                                       power_limit_w=clamped_power_limit(rig)),
         "udev/71-nvidia-dev-char.rules": render("udev/71-nvidia-dev-char.rules.j2"),
         "apt/99rigfleet-lock-timeout": render("apt/99rigfleet-lock-timeout.j2", rig=rig,
-                                              direct_hosts=direct_mirror_hosts(rig)),
+                                              proxy=apt_proxy or rig.apt_proxy, check=apt_check,
+                                              direct_hosts=direct_mirror_hosts(rig) if direct_mirrors else []),
         "apt/51rigfleet-unattended-blacklist": render("apt/51rigfleet-unattended-blacklist.j2"),
     }
 

@@ -190,6 +190,10 @@ class Rig(Strict):
     drain: bool = True  # out of the gateway before a swap stops the engine (`repin --no-drain`: off)
     drain_timeout_s: int = Field(120, ge=0, le=7200)  # in-flight requests finish before a swap
     gateway_min_serving: int = Field(1, ge=0, le=100)  # backends per model a wave leaves serving
+    # the fleet's download cache (rigfleet.fleetcache), on the rig of the `cache` group: where it
+    # listens (default: that rig's ssh_hostname, the address the other rigs reach it at) and its port
+    cache_bind_address: str | None = None
+    cache_port: int | None = Field(None, ge=1, le=65535)
     monitoring: Monitoring = Monitoring()
 
     @field_validator("name")
@@ -223,6 +227,11 @@ class Rig(Strict):
     @classmethod
     def _bind(cls, value: str) -> str:
         return grammar.bind_address(value)
+
+    @field_validator("cache_bind_address")
+    @classmethod
+    def _cache_bind(cls, value: str | None) -> str | None:
+        return value if value is None else grammar.bind_address(value)
 
     @field_validator("api_allow")
     @classmethod

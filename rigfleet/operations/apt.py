@@ -140,7 +140,7 @@ def _satisfied(spec: str, installed: dict[str, list[str]]) -> bool:
 
 
 @cache.operation(reads=lambda **_: [cache.reading(DebPackages)])
-def install(packages: list[str], update: bool = True, recommends: bool = True):
+def install(packages: list[str], update: bool = True, recommends: bool = True, proxy: str | None = None):
     """
     Install packages, with apt version globs as pins (`docker-ce=5:28.3.3-*`).
 
@@ -150,15 +150,19 @@ def install(packages: list[str], update: bool = True, recommends: bool = True):
     + packages: names or name=version-glob
     + update: refresh the package lists first (when installing)
     + recommends: also install what the packages recommend (apt's default)
+    + proxy: this run's http proxy ("DIRECT": none), over the apt configuration's (the fleet
+      cache installs itself before the rig's apt is pointed at it)
     """
     installed = cache.fact(DebPackages)
     missing = [spec for spec in packages if not _satisfied(spec, installed)]
     if not missing:
         host.noop(f"installed: {', '.join(packages)}")
         return
+    option = f" -o {shlex.quote('Acquire::http::Proxy=' + proxy)}" if proxy else ""
     if update:
-        yield "apt-get update"
+        yield f"apt-get{option} update"
     flags = INSTALL if recommends else f"{INSTALL} --no-install-recommends"
+    flags += option
     yield StringCommand(noninteractive_apt(flags), *(shlex.quote(spec) for spec in packages))
 
 

@@ -12,6 +12,7 @@ from rigfleet.roles.api_firewall import planning_reads as api_firewall_reads
 from rigfleet.roles.apt_base import apt_base
 from rigfleet.roles.container_toolkit import container_toolkit
 from rigfleet.roles.docker_engine import docker_engine
+from rigfleet.roles.fleet_cache import fleet_cache
 from rigfleet.roles.gateway import gateway_role
 from rigfleet.roles.gpu_tuning import gpu_tuning
 from rigfleet.roles.model_weights import model_weights
@@ -25,12 +26,14 @@ from rigfleet.roles.serving import serving
 from rigfleet.roles.vllm_image import planning_reads as vllm_image_reads
 from rigfleet.roles.vllm_image import vllm_image
 
-# In layer order. The host layer: preflight, apt_base, nvidia_driver, docker_engine,
-# container_toolkit, gpu_tuning; then model_weights, vllm_image, api_firewall (the DOCKER-USER
-# allowlist, before a release can listen), serving; the gateway (on its host only); then monitoring:
-# node_exporter (every rig) and monitor (Prometheus, on the `monitor` group).
+# In layer order. The host layer: preflight, fleet_cache (apt-cacher-ng on the `cache` group),
+# apt_base, nvidia_driver, docker_engine, container_toolkit, gpu_tuning; then model_weights,
+# vllm_image, api_firewall (the DOCKER-USER allowlist, before a release can listen), serving; the
+# gateway (on its host only); then monitoring: node_exporter (every rig) and monitor (Prometheus,
+# on the `monitor` group).
 HOST_LAYER: list[Callable[..., Any]] = [
     preflight,
+    fleet_cache,
     apt_base,
     nvidia_driver,
     docker_engine,

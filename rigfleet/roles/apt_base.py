@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from rigfleet import render
+from rigfleet import fleetcache, render
 from rigfleet.context import RigContext
 from rigfleet.operations import apt as apt_ops
 from rigfleet.operations import files as files_ops
@@ -21,7 +21,10 @@ def apt_base(context: RigContext) -> None:
     with role_scope(2):
         if target(context) is None:
             return  # preflight refuses this rig
-        rendered = render.host_files(context.rig)
+        # with a cache group, every rig's apt (the cache host's too) goes through the fleet's cache
+        route = fleetcache.apt_route(context.fleet, context.rig)
+        rendered = render.host_files(context.rig, apt_proxy=route.proxy, direct_mirrors=route.direct_mirrors,
+                                     apt_check=route.check)
         # first: every apt call after this one waits for the dpkg lock instead of failing
         files_ops.config_file(
             name="apt: wait for the dpkg lock, use the fleet's apt proxy",

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigfleet_sandbox import invfiles, net, procs, rootfs
+from rigfleet_sandbox import invfiles, net, procs, rootfs, upstreamlog
 from rigfleet_sandbox.layout import (
     APT_CACHE_DIR,
     APT_PROXY_PORT,
@@ -313,6 +313,8 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
                 str(APT_PROXY_PORT),
                 "--www-port",
                 str(WWW_PORT),
+                "--access-log",
+                str(upstreamlog.LOG),
             ],
             LOG_DIR / "services.log",
         )

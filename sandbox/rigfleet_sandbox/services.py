@@ -4,8 +4,13 @@
   .deb files on disk (they never change under one name), plus CONNECT tunnels to the Python
   index hosts this machine's pip is configured with (rigfleet_sandbox.pyindex) so pip in a rig
   works; anything else gets 403. Rigs have no NAT: this is their only way out.
+  It also forwards http:// requests for the www server below (a rig's way out reaches the
+  fleet's own mirrors too: a fleet cache on a rig downloads them through it).
 - :8080 a static file server for the sandbox www dir (simulated NVIDIA apt repo, simulated
   Genesis git repo over dumb HTTP, overlays, weights, base image), filled by other modules.
+
+Both count what they send: one line per response in the access log (--access-log,
+rigfleet_sandbox.upstreamlog), the stand-in upstream's byte counter.
 
 `python -m rigfleet_sandbox.services --addr A --www DIR --cache DIR` runs both until SIGTERM.
 Stdlib only: threads per connection are plenty for a handful of rigs.
@@ -31,6 +36,7 @@ from typing import Any
 
 from rigfleet_sandbox.debindex import apt_hosts
 from rigfleet_sandbox.pyindex import HostPort, python_index_hosts
+from rigfleet_sandbox.upstreamlog import Writer
 
 log = logging.getLogger("rigfleet_sandbox.services")
 
@@ -58,6 +64,8 @@ class AptProxyHandler(BaseHTTPRequestHandler):
     server_version = "rigfleet-sandbox-proxy"
     cache_dir: Path = Path("/var/cache/rigfleet/apt-proxy")
     connect_allow: frozenset[HostPort] = frozenset()  # (host, port) pip may tunnel to; set by serve()
+    www: HostPort | None = None  # the host's own www server, which it also forwards to; set by serve()
+    record: Writer = Writer(None)
 
     def setup(self) -> None:
         super().setup()
@@ -72,8 +80,15 @@ class AptProxyHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        sent = 0
         if self.command != "HEAD":
             self.wfile.write(body)
+            sent = len(body)
+        self.count(code, sent)
+
+    def count(self, status: int, sent: int, hit: bool = False) -> None:
+        server = "tunnel" if self.command == "CONNECT" else "proxy"
+        self.record(server, self.client_address[0], self.command, self.path, status, sent, hit)
 
     # -- CONNECT: pip's HTTPS through an allowlisted tunnel --------------------------------
     def do_CONNECT(self) -> None:
@@ -89,7 +104,7 @@ class AptProxyHandler(BaseHTTPRequestHandler):
         self.send_response(200, "Connection established")
         self.end_headers()
         self.close_connection = True
-        _relay(self.connection, upstream)
+        self.count(200, _relay(self.connection, upstream))
 
     # -- GET/HEAD of absolute http:// URLs to Debian mirrors -------------------------------
     def do_GET(self) -> None:
@@ -103,30 +118,33 @@ class AptProxyHandler(BaseHTTPRequestHandler):
         host = (url.hostname or "").lower()
         if url.scheme != "http" or not host:
             return self.refuse(400, "this is a forward proxy: request absolute http:// URLs")
-        if host not in APT_HOSTS or (url.port or 80) != 80:
+        port = url.port or 80
+        if (host not in APT_HOSTS or port != 80) and (host, port) != self.www:
             return self.refuse(403, f"{host} is not an allowed Debian mirror")
         path = url.path or "/"
         target = path + (f"?{url.query}" if url.query else "")
-        cached = _cache_file(self.cache_dir, host, path) if path.endswith(".deb") else None
+        # only the distribution's .debs: the www server's are on this machine already
+        cached = _cache_file(self.cache_dir, host, path) if path.endswith(".deb") and host in APT_HOSTS else None
         if cached and cached.is_file():
             return self._send_cached(cached)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
         try:
-            resp = self._upstream(host, self.command, target, headers)
+            resp = self._upstream(host, port, self.command, target, headers)
         except (OSError, http.client.HTTPException) as exc:
             return self.refuse(502, f"upstream {host} failed: {exc}")
         self._relay_response(resp, cached if resp.status == 200 and self.command == "GET" else None)
 
-    def _upstream(self, host: str, method: str, target: str, headers: dict[str, str]) -> Any:
+    def _upstream(self, host: str, port: int, method: str, target: str, headers: dict[str, str]) -> Any:
+        key = f"{host}:{port}"
         for attempt in (1, 2):  # a kept-alive upstream connection may have been closed meanwhile
-            conn = self.upstreams.get(host) or http.client.HTTPConnection(host, 80, timeout=UPSTREAM_TIMEOUT)
-            self.upstreams[host] = conn
+            conn = self.upstreams.get(key) or http.client.HTTPConnection(host, port, timeout=UPSTREAM_TIMEOUT)
+            self.upstreams[key] = conn
             try:
                 conn.request(method, target, headers=headers)
                 return conn.getresponse()
             except (OSError, http.client.HTTPException):
                 conn.close()
-                self.upstreams.pop(host, None)
+                self.upstreams.pop(key, None)
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -146,10 +164,10 @@ class AptProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD" or resp.status in (204, 304):
             resp.read()
-            return
+            return self.count(resp.status, 0)
         if body is not None:
             self.wfile.write(body)
-            return
+            return self.count(resp.status, len(body))
         tmp = None
         if cache_to is not None:
             cache_to.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +184,7 @@ class AptProxyHandler(BaseHTTPRequestHandler):
                 os.replace(tmp, cache_to)
             else:
                 tmp.unlink(missing_ok=True)
+        self.count(resp.status, written)
 
     def _send_cached(self, path: Path) -> None:
         self.send_response(200)
@@ -173,9 +192,12 @@ class AptProxyHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(path.stat().st_size))
         self.send_header("X-Rigfleet-Cache", "hit")
         self.end_headers()
+        sent = 0
         if self.command == "GET":
             with open(path, "rb") as fh:
                 shutil.copyfileobj(fh, self.wfile, _CHUNK)
+            sent = path.stat().st_size
+        self.count(200, sent, hit=True)
 
 
 class _NullFile:
@@ -196,19 +218,23 @@ def _cache_file(cache_dir: Path, host: str, path: str) -> Path | None:
     return cache_dir.joinpath(host, *parts)
 
 
-def _relay(a: socket.socket, b: socket.socket) -> None:
+def _relay(a: socket.socket, b: socket.socket) -> int:
+    """Relay both ways until either side closes; the bytes sent from b to a."""
     sel = selectors.DefaultSelector()
     sel.register(a, selectors.EVENT_READ, b)
     sel.register(b, selectors.EVENT_READ, a)
+    to_a = 0
     try:
         while True:
             for key, _ in sel.select(timeout=300):
                 data = key.fileobj.recv(_CHUNK)  # type: ignore[union-attr]
                 if not data:
-                    return
+                    return to_a
                 key.data.sendall(data)
+                if key.data is a:
+                    to_a += len(data)
     except OSError:
-        return
+        return to_a
     finally:
         sel.close()
         b.close()
@@ -216,9 +242,25 @@ def _relay(a: socket.socket, b: socket.socket) -> None:
 
 class WwwHandler(SimpleHTTPRequestHandler):
     server_version = "rigfleet-sandbox-www"
+    record: Writer = Writer(None)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.info("www %s %s", self.client_address[0], format % args)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.status = code
+        super().send_response(code, message)
+
+    def copyfile(self, source: Any, outputfile: Any) -> None:
+        start = source.tell()
+        super().copyfile(source, outputfile)
+        self.sent += source.tell() - start
+
+    def handle_one_request(self) -> None:
+        self.status, self.sent = 0, 0
+        super().handle_one_request()
+        if self.status:
+            self.record("www", self.client_address[0], self.command, self.path, self.status, self.sent)
 
 
 class _Server(ThreadingHTTPServer):
@@ -226,11 +268,14 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def serve(addr: str, www: Path, cache: Path, proxy_port: int = 3142, www_port: int = 8080) -> None:
+def serve(addr: str, www: Path, cache: Path, proxy_port: int = 3142, www_port: int = 8080,
+          access_log: Path | None = None) -> None:
     www.mkdir(parents=True, exist_ok=True)
     cache.mkdir(parents=True, exist_ok=True)
     AptProxyHandler.cache_dir = cache
     AptProxyHandler.connect_allow = python_index_hosts()
+    AptProxyHandler.www = (addr, www_port)
+    AptProxyHandler.record = WwwHandler.record = Writer(access_log)
     servers = [
         _Server((addr, proxy_port), AptProxyHandler),
         _Server((addr, www_port), functools.partial(WwwHandler, directory=str(www))),
@@ -263,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, required=True)
     parser.add_argument("--proxy-port", type=int, default=3142)
     parser.add_argument("--www-port", type=int, default=8080)
+    parser.add_argument("--access-log", type=Path, default=None, help="the byte counter (upstreamlog)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s sandbox-services %(message)s")
-    serve(args.addr, args.www, args.cache, args.proxy_port, args.www_port)
+    serve(args.addr, args.www, args.cache, args.proxy_port, args.www_port, args.access_log)
     return 0
 
 

@@ -1,0 +1,61 @@
+"""The bench's `cache` section: what each rig of a fresh fleet pulls from upstream.
+
+Two fresh SIMULATED rigs, rig-01 in the `cache` group (apt-cacher-ng, rigfleet.fleetcache), the
+fleet registry as the sandbox configures it. rig-01 converges alone, then rig-02; the stand-in
+upstream's byte counter (rigfleet_sandbox.upstreamlog) gives the bytes each converge pulled, by
+kind: packages (.deb), apt indexes, Python index (the CONNECT tunnel: wheels and index pages),
+base images, other (weights, overlays, Genesis, keys). Bytes the cache host fetched on rig-02's
+behalf count for rig-02's converge.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from rigfleet.loader import Fleet
+
+# the apt operations (download from the cache, unpack, install), named as the roles name them
+PACKAGE_OPS = re.compile(
+    r"^(Tools |NVIDIA driver|Driver version lock|Kernel headers|NVIDIA Container Toolkit$|Docker CE$"
+    r"|Docker from the distribution|apt-cacher-ng from|Node exporter from|HAProxy|Prometheus from)"
+)
+KINDS = ("package", "index", "python", "image", "other")
+MIB = 1024 * 1024
+
+
+def with_cache_group(fleet: Fleet, rig: str) -> Fleet:
+    rigs = tuple(r.model_copy(update={"groups": (*r.groups, "cache")}) if r.name == rig else r for r in fleet.rigs)
+    return Fleet(fleet.inventory_dir, rigs, fleet.pinsets, fleet.sources, fleet.pyinfra_data)
+
+
+def run(sandbox_up: Callable[[int], Fleet], converge_timed: Callable[..., tuple[float, Any]],
+        timer_factory: Callable[[], Any], metric: Callable[..., Any], say: Callable[[str], None],
+        repeats: int) -> dict[str, dict[str, int]]:
+    from rigfleet_sandbox import upstreamlog
+
+    last: dict[str, dict[str, int]] = {}
+    for attempt in range(repeats):
+        say(f"fleet cache: two fresh rigs, rig-01 the cache, converged one after the other ({attempt + 1}/{repeats})")
+        fleet = with_cache_group(sandbox_up(2), "rig-01")
+        addresses = [rig.ssh_hostname for rig in fleet.rigs]
+        pulled: dict[str, dict[str, int]] = {}
+        for rig in ("rig-01", "rig-02"):
+            since, timer = upstreamlog.mark(), timer_factory()
+            wall, _ = converge_timed(fleet, [rig], timer)
+            pulled[rig] = upstreamlog.pulled(upstreamlog.records(since=since), addresses)
+            if rig == "rig-02":
+                packages = sum(s for name, s in timer.seconds.items() if PACKAGE_OPS.match(name.split(" | ")[-1]))
+                metric("fresh converge of a 2nd rig (cache warm): wall", "s").values.append(wall)
+                metric("  its package installs (download from the cache, unpack)", "s").values.append(packages)
+                metric("  excluding package unpack and install", "s", "<= 30 s").values.append(wall - packages)
+        for kind in KINDS:
+            first, second = pulled["rig-01"][kind], pulled["rig-02"][kind]
+            metric(f"upstream {kind} bytes: rig 1", "MiB").values.append(first / MIB)
+            metric(f"  {kind}: rig 2", "MiB").values.append(second / MIB)
+            if kind in ("package", "python", "image") and first:  # no ratio of nothing pulled
+                metric(f"  {kind}: rig 2 / rig 1", "ratio", "0").values.append(second / first)
+        say(f"fleet cache: bytes pulled from upstream: {pulled}")
+        last = pulled
+    return last

@@ -1,0 +1,129 @@
+"""The fleet's download cache on two SIMULATED rigs: rig-01 in the `cache` group runs Debian's
+apt-cacher-ng (installed by the fleet_cache role from the archive the rigs use), every rig's apt
+goes through it, and the stand-in upstream's own byte counter (rigfleet_sandbox.upstreamlog: the
+host's apt proxy, its www server with the SIMULATED NVIDIA and Docker repositories) shows the 2nd
+rig pulling none of the package bytes the 1st already pulled. A second converge changes nothing;
+a cache that does not answer stops the 2nd rig's apt with the rig, the cache and the fix, and
+converging the cache host first repairs it.
+
+Host layer only (tests/sandbox/host_layer_deploy.py): the packages are all there is to cache.
+/work/coord/e2e .venv/bin/pytest -q -p no:cacheprovider -m sandbox tests/sandbox/test_fleet_cache.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rigfleet_sandbox import upstreamlog
+from tests import REPO_ROOT
+
+from .conftest import Sandbox, group_pinset, module_inventory
+
+SANDBOX_RIGS = 2
+SANDBOX_FRESH = True  # rigs nothing was deployed to: every package is downloaded once
+CACHE, OTHER = "rig-01", "rig-02"
+DEPLOY = "tests/sandbox/host_layer_deploy.py"
+DEPLOY_TIMEOUT_S = 1800
+ACNG_PORT = 3142  # catalog/fleet_cache.yaml's port
+
+pytestmark = pytest.mark.sandbox
+seen: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    copy = module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)])
+    hosts = yaml.safe_load((copy / "hosts.yml").read_text())
+    hosts["all"]["children"]["cache"] = {"hosts": {CACHE: None}}
+    (copy / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    return copy
+
+
+def pyinfra(inventory: Path, *limit: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
+    args = [a for rig in limit for a in ("--limit", rig)]
+    proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", *args, "inventory.py", DEPLOY],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
+    print(proc.stderr[-6000:])
+    return proc
+
+
+def deploy(inventory: Path, *limit: str) -> dict[str, Any]:
+    proc = pyinfra(inventory, *limit)
+    assert proc.returncode == 0, "the deploy failed (its log is above)"
+    results = dict(json.loads(proc.stdout)["results"])
+    assert results["failed_hosts"] == [] and results["totals"]["error"] == 0
+    return results
+
+
+def changed(results: dict[str, Any]) -> list[str]:
+    return [" / ".join(o["names"]) for o in results["operations"] if o.get("success")]
+
+
+def test_first_rig_fills_the_cache(sandbox: Sandbox, inventory: Path) -> None:
+    since = upstreamlog.mark()
+    deploy(inventory, CACHE)
+    entries = upstreamlog.records(since=since)
+    pulled = upstreamlog.pulled(entries, [sandbox.address(CACHE)])
+    print("upstream bytes pulled by rig 1:", pulled)
+    seen["rig1"] = pulled
+    seen["rig1_packages"] = upstreamlog.files(entries, [sandbox.address(CACHE)])
+    assert pulled["package"] > 0 and "apt-cacher-ng" in " ".join(seen["rig1_packages"])
+    assert sandbox.ssh(CACHE, "systemctl is-active apt-cacher-ng").stdout.strip() == "active"
+    conf = sandbox.ssh(CACHE, "cat /etc/apt/apt.conf.d/99rigfleet-lock-timeout").stdout
+    assert f'Acquire::http::Proxy "http://{sandbox.address(CACHE)}:{ACNG_PORT}";' in conf
+    assert "DIRECT" not in conf, "the fleet's own http repositories go through the cache too"
+
+
+def test_second_rig_pulls_none_of_the_package_bytes_the_first_pulled(sandbox: Sandbox, inventory: Path) -> None:
+    since = upstreamlog.mark()
+    deploy(inventory, OTHER)
+    entries = upstreamlog.records(since=since)
+    both = [sandbox.address(CACHE), sandbox.address(OTHER)]
+    # what reached upstream while rig 2 converged, whoever asked (rig 2, or the cache on its behalf)
+    pulled = upstreamlog.pulled(entries, both)
+    again = upstreamlog.files(entries, both) & seen["rig1_packages"]
+    print("upstream bytes pulled during rig 2's converge:", pulled, "of rig 1's packages again:", sorted(again))
+    assert again == set(), "packages the first rig pulled were pulled from upstream again"
+    own = upstreamlog.pulled(entries, [sandbox.address(OTHER)])
+    assert own["package"] == own["index"] == 0, f"rig 2's apt reached upstream itself, not through the cache: {own}"
+    conf = sandbox.ssh(OTHER, "cat /etc/apt/apt.conf.d/99rigfleet-lock-timeout").stdout
+    assert f'Acquire::http::Proxy "http://{sandbox.address(CACHE)}:{ACNG_PORT}";' in conf and "Pre-Invoke" in conf
+    installed = sandbox.ssh(OTHER, "dpkg-query -W -f '${Package}\\n'").stdout.split()
+    assert "apt-cacher-ng" not in installed and "nvidia-open" in installed
+
+
+def test_second_converge_changes_nothing(inventory: Path) -> None:
+    results = deploy(inventory)
+    assert results["totals"]["success"] == 0, f"changed on converged rigs: {changed(results)}"
+
+
+def test_cache_down_stops_apt_with_the_fix_and_converging_the_cache_host_repairs(
+        sandbox: Sandbox, inventory: Path) -> None:
+    sandbox.ssh(CACHE, "sudo systemctl stop apt-cacher-ng")
+    # a package of the host layer gone from rig 2: its converge must download again
+    sandbox.ssh(OTHER, "sudo dpkg -r curl", timeout=300)
+    proc = pyinfra(inventory, OTHER)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # the check's own line (not only apt's quote of the command that failed)
+    line = rf"^.*\] rigfleet: {OTHER} downloads its packages through the fleet cache on {CACHE} .*$"
+    said = re.search(line, out, re.M)
+    assert said, out[-4000:]
+    assert f"Fix: converge {CACHE} first" in said.group(0)
+
+    deploy(inventory, CACHE)  # the fix: the cache host's converge starts apt-cacher-ng again
+    assert sandbox.ssh(CACHE, "systemctl is-active apt-cacher-ng").stdout.strip() == "active"
+    repaired = deploy(inventory, OTHER)
+    assert changed(repaired), "curl reinstalled"
+    assert sandbox.ssh(OTHER, "command -v curl").returncode == 0
+    assert deploy(inventory)["totals"]["success"] == 0
