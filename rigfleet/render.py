@@ -6,6 +6,7 @@ so a missing value is an error at render time, not an empty string on a rig.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -30,6 +31,7 @@ IMAGE_REPOSITORY = "rigfleet/vllm"
 SECRET_ENV = {"hf_token": "HUGGING_FACE_HUB_TOKEN", "api_key": "VLLM_API_KEY"}
 
 
+@functools.cache  # one per process: jinja caches each compiled template in it (a converge renders ~30)
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("rigfleet", "templates"),
