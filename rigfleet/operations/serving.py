@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gevent.lock import BoundedSemaphore
 from pyinfra import host as pyinfra_host
 from pyinfra import logger
 from pyinfra.api import FunctionCommand, StringCommand, operation
@@ -132,6 +133,17 @@ class DrainSpec:
     poll_s: float = 0.5
 
 
+# Every rig of a wave drains over the gateway host's one SSH connection, each command a session on
+# it, and sshd refuses sessions beyond its MaxSessions (default 10) per connection ("open failed:
+# Connect failed", seen with 16 rigs at once): at most this many runtime-API commands at a time.
+GATEWAY_SESSIONS = 4
+_gateway_sessions: dict[str, BoundedSemaphore] = {}
+
+
+def gateway_session(name: str) -> BoundedSemaphore:
+    return _gateway_sessions.setdefault(name, BoundedSemaphore(GATEWAY_SESSIONS))
+
+
 class Drain:
     """The rig's servers in the gateway, over the gateway host's SSH connection (runtime API)."""
 
@@ -146,7 +158,8 @@ class Drain:
 
     def _runtime(self, command: str) -> str:
         assert self.gateway is not None
-        return self.gateway.must(gateway.runtime_command(command), f"gateway runtime API: {command}")
+        with gateway_session(self.spec.gateway):
+            return self.gateway.must(gateway.runtime_command(command), f"gateway runtime API: {command}")
 
     def set(self, state: str) -> None:
         for backend in self.spec.backends:

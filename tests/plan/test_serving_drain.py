@@ -158,3 +158,43 @@ def test_a_drained_rig_the_gateway_cannot_take_back_fails_its_swap(example_inven
     with pytest.raises(ops.ServingError, match="gateway runtime API: set server"):
         serve(rig, other, state)
     assert any("drained from the gateway" in line for line in rig.logs)
+
+
+class BusyGateway(FakeGateway):
+    """A gateway host whose sshd, like a real one, refuses a session beyond MaxSessions (10) open at
+    once on its connection; each runtime command takes a while (yielding to the other rigs)."""
+
+    MAX_SESSIONS = 10
+
+    def __init__(self) -> None:
+        super().__init__([], [])
+        self.open = self.most = 0
+
+    def run_shell_command(self, command: Any, **kwargs: Any) -> tuple[bool, Any]:
+        import gevent
+        from paramiko.ssh_exception import ChannelException
+
+        if self.open >= self.MAX_SESSIONS:
+            raise ChannelException(2, "Connect failed")
+        self.open += 1
+        self.most = max(self.most, self.open)
+        try:
+            gevent.sleep(0.01)
+            return super().run_shell_command(command, **kwargs)
+        finally:
+            self.open -= 1
+
+
+def test_a_wave_of_16_rigs_drains_over_one_gateway_connection_within_its_session_limit() -> None:
+    import gevent
+
+    gw = BusyGateway()
+    state = SimpleNamespace(inventory=SimpleNamespace(get_host=lambda name, default=None: gw), active_hosts={gw})
+    drains = [ops.Drain(ops.DrainSpec("gw", f"rig-{i:02}", (BACKEND, "model-qwen-stream"), timeout_s=30),
+                        ops.Remote(SimpleNamespace(name=f"rig-{i:02}")), state)  # type: ignore[arg-type]
+              for i in range(16)]
+    greenlets = [gevent.spawn(d.set, "drain") for d in drains]
+    gevent.joinall(greenlets, raise_error=True)
+    assert all(g.successful() for g in greenlets)
+    assert len(gw.events) == 32  # every rig's two backends
+    assert 1 < gw.most <= ops.GATEWAY_SESSIONS
