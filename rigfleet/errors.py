@@ -33,6 +33,14 @@ class Problem:
 _shown: set[tuple[str, str]] = set()
 
 
+def one_host_group(group: str, names: list[str]) -> list[Problem]:
+    """The problem of a group that takes one host (gateway, cache) listing several, if it does."""
+    if len(names) <= 1:
+        return []
+    return [Problem(FLEET, f"hosts.yml group {group}", names, f"more than one rig in the {group} group",
+                    f"put one host in the {group} group")]
+
+
 def unseen_warnings(problems: Iterable[Problem], scope: object) -> list[Problem]:
     """The warnings among `problems` that this process has not shown yet for `scope` (the
     inventory): each is printed once, however often one command loads the fleet (the CLI and a

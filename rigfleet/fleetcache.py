@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rigfleet import catalog
-from rigfleet.errors import FLEET, Problem
+from rigfleet.errors import Problem, one_host_group
 from rigfleet.loader import Fleet
 from rigfleet.schema import Rig
 
@@ -151,11 +151,8 @@ def config_text(found: Cache) -> str:
 
 def problems(fleet: Fleet) -> list[Problem]:
     """Inventory mistakes about the cache, each naming the rig, the field and the fix."""
-    found: list[Problem] = []
     hosts = cache_rigs(fleet)
-    if len(hosts) > 1:
-        found.append(Problem(FLEET, "hosts.yml group cache", [r.name for r in hosts],
-                             "more than one rig in the cache group", "put one host in the cache group"))
+    found = one_host_group("cache", [r.name for r in hosts])
     for rig in fleet.rigs:
         if GROUP in rig.groups:
             continue

@@ -16,7 +16,7 @@ from ipaddress import ip_address
 from typing import Any
 
 from rigfleet import catalog, release, render, rigpython
-from rigfleet.errors import FLEET, Problem
+from rigfleet.errors import Problem, one_host_group
 from rigfleet.loader import Fleet
 from rigfleet.schema import Rig, SecretRef
 
@@ -142,11 +142,8 @@ def gateway_source(gw: Rig) -> str | None:
 
 def problems(fleet: Fleet) -> list[Problem]:
     """Inventory mistakes about the gateway, each naming the rig, the field and the fix."""
-    found: list[Problem] = []
     hosts = gateway_rigs(fleet)
-    if len(hosts) > 1:
-        found.append(Problem(FLEET, "hosts.yml group gateway", [r.name for r in hosts],
-                             "more than one rig in the gateway group", "put one host in the gateway group"))
+    found = one_host_group("gateway", [r.name for r in hosts])
     if not hosts:
         for rig in fleet.rigs:
             if rig.gateway_only:
