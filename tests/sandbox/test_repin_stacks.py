@@ -168,9 +168,12 @@ def test_repin_leg_then_a_second_repin_changes_nothing(sandbox: Sandbox, invento
 # vllm.model_executor.layers.fused_moe), and those import torch and the rest of vLLM's runtime,
 # which the stand-in does not carry (its own vllm.config also stands where the real one would be).
 # With the real vLLM 0.23.0 package, its runtime dependencies and CPU torch, the same apply reports
-# 0 failed (README). PN119 runs GNU patch, which the real image ships and so does the stand-in: it
+# 0 failed and no DRIFT (README: 57 wheels, 303 MB, 1.1 GB installed; torch only as this machine's
+# CPU build). PN119 runs GNU patch, which the real image ships and so does the stand-in: it
 # applies. The health gate refuses the release (no silent vanilla) and the rig goes back to what
-# it served. This leg is BLOCKED until the stand-in carries vLLM's real runtime.
+# it served. This leg is BLOCKED on a stand-in even with that runtime: the plugin re-runs the apply
+# inside the SIMULATED engine's process, v12's P67 engages only inside the real engine, and 0.23.0's
+# Marlin file lacks the pad dev424 has (README); it needs a GPU rig.
 V12_FAILS = {"PN364": ("No module named 'numpy'", "No module named 'torch'"),
              "G4_84": ("No module named 'torch'",)}
 V12_APPLIED = ("PN119",)  # needs the real `patch` program in the image

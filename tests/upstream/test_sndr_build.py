@@ -5,6 +5,7 @@ wheel (its nightly is not on PyPI: the nearest release stands in, and says so)."
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -75,6 +76,37 @@ def test_v12_variant_with_a_flag_the_real_tree_never_reads_is_refused(real_inven
         "error: pinset sndr-v12: variant tq3-mtp-sndr: env = 'GENESIS_ENABLE_P67_TQ_MULTIQUERY': the sndr-v12 tree "
         "at 7aa66f9ac6bc reads no such flag (its registry does not list it). "
         "Fix: use GENESIS_ENABLE_P67_TQ_MULTI_QUERY_KERNEL"]
+
+
+def registry_lifecycles(source: str) -> dict[str, str]:
+    """env flag -> "lifecycle" of each PATCH_REGISTRY entry of the real registry.py (read as data)."""
+    module = ast.parse(source)
+    value = next(node.value for node in module.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 and "PATCH_REGISTRY" in [t.id for t in getattr(node, "targets", [getattr(node, "target", None)])
+                                          if isinstance(t, ast.Name)])
+    assert isinstance(value, ast.Dict)
+    out = {}
+    for entry in value.values:
+        fields = {k.value: v.value for k, v in zip(entry.keys, entry.values, strict=True)  # type: ignore[union-attr]
+                  if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)} if isinstance(entry, ast.Dict) else {}
+        if fields.get("env_flag"):
+            out[str(fields["env_flag"])] = str(fields.get("lifecycle"))
+    return out
+
+
+def test_v12_variants_switch_on_no_patch_the_real_registry_retired(mirrors: MirrorMap) -> None:
+    """A retired patch switched on does nothing at best; P61 and P83 are DRIFT skips on the real
+    0.23.0 sources, which the health gate refuses."""
+    lifecycle = registry_lifecycles(git_show(mirrors, catalog.patch_tree_kinds()["sndr-v12"]["registry"]))
+    assert lifecycle["GENESIS_ENABLE_P83"] == lifecycle["GENESIS_ENABLE_P61_QWEN3_MULTI_TOOL"] == "retired"
+    variants = {name: v for name, v in catalog.variants().items() if v.genesis and v.genesis.kind == "sndr-v12"}
+    assert variants, "no shipped variant on the v12 tree"
+    for name, variant in variants.items():
+        assert variant.genesis is not None
+        on = [flag for flag, value in variant.genesis.env(variant.max_num_batched_tokens).items() if value == "1"]
+        retired = [flag for flag in on if lifecycle.get(flag) == "retired"]
+        assert not retired, f"{name} switches on patches the v12 tree retired: {retired}"
+        assert len(on) > 20, on
 
 
 def test_rendered_install_and_plugin_check_work_on_the_real_tree(real_inventory: Path, tmp_path: Path) -> None:
