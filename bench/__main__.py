@@ -456,10 +456,17 @@ def report(args: argparse.Namespace, console: Console, metrics: list[Metric], sl
         console.print("slowest operations of the last fresh converge (s):")
         for name, seconds in slowest[-1].items():
             console.print(f"  {seconds:7.1f}  {name}")
+    from bench.cache import SECOND_RIG_SLOWEST
+
+    if SECOND_RIG_SLOWEST:
+        console.print("slowest operations of the last 2nd rig's converge, cache warm (s):")
+        for name, seconds in SECOND_RIG_SLOWEST.items():
+            console.print(f"  {seconds:7.1f}  {name}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"date": stamp, "machine": machine, "repeats": args.repeats,
                                            "metrics": [{**m.__dict__, "met": m.met()} for m in metrics],
                                            "fresh_slowest_operations": slowest,
+                                           "second_rig_slowest_operations": SECOND_RIG_SLOWEST,
                                            "noop_commands_by_role": COMMANDS_BY_ROLE,
                                            "peer_task_seconds_1_rig": PEER_TASK_SECONDS}, indent=2))
     console.print(f"written: {args.json}")

@@ -23,6 +23,7 @@ PACKAGE_OPS = re.compile(
 )
 KINDS = ("package", "index", "python", "image", "other")
 MIB = 1024 * 1024
+SECOND_RIG_SLOWEST: dict[str, float] = {}  # of the last run: where the 2nd rig's converge spends its time
 
 
 def with_cache_group(fleet: Fleet, rig: str) -> Fleet:
@@ -50,6 +51,8 @@ def run(sandbox_up: Callable[[int], Fleet], converge_timed: Callable[..., tuple[
                 metric("fresh converge of a 2nd rig (cache warm): wall", "s").values.append(wall)
                 metric("  its package installs (download from the cache, unpack)", "s").values.append(packages)
                 metric("  excluding package unpack and install", "s", "<= 30 s").values.append(wall - packages)
+                SECOND_RIG_SLOWEST.clear()
+                SECOND_RIG_SLOWEST.update(sorted(timer.seconds.items(), key=lambda item: -item[1])[:15])
         for kind in KINDS:
             first, second = pulled["rig-01"][kind], pulled["rig-02"][kind]
             metric(f"upstream {kind} bytes: rig 1", "MiB").values.append(first / MIB)
