@@ -16,6 +16,9 @@ either, so this module adds both on top of its own fact classes, commands and pa
   will read, in one command. Each fact's own command runs in a subshell between markers and its
   own `process` parses its part. A fact whose command fails, whose program is missing or whose
   parser raises is not kept: its reader then reads it alone, so its errors are pyinfra's own.
+- Reads of one fact for different units or files are merged into one read of them all
+  (`MERGES`): a converged rig answers fourteen `systemctl show` and twenty digest commands in
+  two and one, and each reader is kept its own part, the value its own read would give.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from pyinfra import host
 from pyinfra.api import BaseStateCallback, FactBase
 from pyinfra.api import operation as pyinfra_operation
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from typing_extensions import override
+
+from rigfleet.facts.files import ManagedFile, ManagedFiles
 
 T = TypeVar("T")
 MARK = "@@rigfleet-fact"
@@ -106,14 +112,74 @@ def read(reads: Iterable[Read]) -> None:
     rig = _host()
     values = _values.setdefault(rig, {})
     pending = [r for r in reads if r.key not in values and batchable(r.cls)]
-    if len(pending) < 2:
-        for one in pending:
-            fact(one.cls, **one.kwargs)
+    planned = merged(pending)
+    if len(planned) < 2:
+        for one, readers in planned:
+            keep(values, one, readers, host.get_fact(one.cls, **one.kwargs))
         return
-    answers = host.get_fact(Batch, reads=tuple(pending))
-    for one, answer in zip(pending, answers or (), strict=False):
+    answers = host.get_fact(Batch, reads=tuple(one for one, _ in planned))
+    for (one, readers), answer in zip(planned, answers or (), strict=False):
         if answer is not MISSING:
-            values[one.key] = answer
+            keep(values, one, readers, answer)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Reads of a fact that one read of `into` answers together: `arg` is what each read asks for
+    (one path, or a list of units), `into_arg` the list the merged read takes; `into`'s value is a
+    dict by path or unit, the same values the single reads give."""
+
+    into: type[FactBase[Any]]
+    arg: str
+    into_arg: str
+
+
+MERGES: dict[type, Merge] = {
+    SystemdStatus: Merge(SystemdStatus, "services", "services"),  # systemctl show takes many units
+    SystemdEnabled: Merge(SystemdEnabled, "services", "services"),
+    ManagedFile: Merge(ManagedFiles, "path", "paths"),
+}
+
+
+def _items(one: Read, merge: Merge) -> list[str] | None:
+    """What this read asks for, when it can be merged: not "every unit" (None), no odd path."""
+    asked = one.kwargs.get(merge.arg)
+    items = [asked] if isinstance(asked, str) else list(asked) if isinstance(asked, list | tuple) else None
+    if not items or any("\n" in item or "\\" in item for item in items):
+        return None
+    return items
+
+
+def merged(pending: list[Read]) -> list[tuple[Read, list[Read]]]:
+    """The reads to make, each with the reads it answers (several where MERGES joins them)."""
+    groups: dict[tuple[type, str], tuple[Merge, dict[str, Any], list[Read]]] = {}
+    planned: list[tuple[Read, list[Read]]] = []
+    for one in pending:
+        merge = MERGES.get(one.cls)
+        if merge is None or _items(one, merge) is None:
+            planned.append((one, [one]))
+            continue
+        rest = {k: v for k, v in one.kwargs.items() if k != merge.arg}
+        groups.setdefault((one.cls, repr(sorted(rest.items()))), (merge, rest, []))[2].append(one)
+    for merge, rest, readers in groups.values():
+        if len(readers) == 1:
+            planned.append((readers[0], readers))
+            continue
+        items = sorted({item for one in readers for item in _items(one, merge) or ()})
+        planned.append((Read(merge.into, {**rest, merge.into_arg: items}), readers))
+    return planned
+
+
+def keep(values: dict[tuple[type, str], Any], one: Read, readers: list[Read], answer: Any) -> None:
+    """Keep `answer` of the read `one` as the value of each of its readers (their own part)."""
+    if readers == [one]:
+        values[one.key] = answer
+        return
+    for reader in readers:
+        merge = MERGES[reader.cls]
+        asked = reader.kwargs[merge.arg]
+        values[reader.key] = (answer.get(asked) if isinstance(asked, str)
+                              else {item: state for item, state in answer.items() if item in asked})
 
 
 class _Missing:

@@ -44,3 +44,33 @@ class ManagedFile(FactBase["FileDigest | None"]):
     @override
     def process(self, output: list[str]) -> FileDigest | None:
         return parse_digest(output)
+
+
+class ManagedFiles(FactBase[dict[str, FileDigest]]):
+    """ManagedFile for many files in two programs, not two per file: {path: digest} of those that
+    are regular files (a file absent, or not a regular file, is left out, as ManagedFile says None).
+    Paths with a newline or a backslash would be escaped in the output: read those one by one."""
+
+    @override
+    def command(self, paths: list[str]) -> str:
+        quoted = " ".join(shlex.quote(path) for path in paths)
+        # the mode of the path itself (`stat` without -L) and the digest of what it points to, as
+        # ManagedFile's `[ -f ]`, `stat -c %a` and `sha256sum <` give them
+        return (f'set --; for f in {quoted}; do if [ -f "$f" ]; then set -- "$@" "$f"; fi; done; '
+                "if [ $# -gt 0 ]; then stat -c 'mode=%a %n' -- \"$@\" && sha256sum -- \"$@\"; fi")
+
+    @override
+    @staticmethod
+    def default() -> dict[str, FileDigest]:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, FileDigest]:
+        modes, digests = {}, {}
+        for line in output:
+            if line.startswith("mode="):
+                mode, _, path = line[len("mode="):].partition(" ")
+                modes[path] = mode
+            elif len(line) > 66 and line[64:66] == "  ":
+                digests[line[66:].lstrip("*")] = line[:64]
+        return {path: FileDigest(modes.get(path, ""), digest) for path, digest in digests.items()}

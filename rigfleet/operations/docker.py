@@ -22,6 +22,11 @@ NVIDIA_RUNTIME_PATH = "nvidia-container-runtime"
 CDI_SPEC = "/etc/cdi/nvidia.yaml"
 # What a rig's own root filesystem contributes to a locally built smoke image
 LOCAL_IMAGE_PATHS = ("bin", "lib", "lib64", "sbin", "usr", "etc/ld.so.conf", "etc/ld.so.conf.d")
+# Trees of /usr that no program run in the smoke container needs (headers, kernel modules and
+# sources, firmware, the compiler's internals, helper programs, data and docs): on a converged rig
+# they are over a third of /usr, which the import would otherwise tar and store on every rig.
+LOCAL_IMAGE_EXCLUDED = ("usr/share", "usr/src", "usr/include", "usr/lib/modules", "usr/lib/firmware",
+                        "usr/lib/gcc", "usr/lib/debug", "usr/libexec")
 
 
 def deep_merge(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
@@ -162,8 +167,9 @@ def local_image(tag: str):
     paths = " ".join(LOCAL_IMAGE_PATHS)
     yield StringCommand(
         f'set --; for p in {paths}; do if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done; '
-        "tar -C / --one-file-system --exclude=usr/share/doc --exclude=usr/share/man "
-        '--exclude=usr/share/locale -cf - "$@" | '
+        "tar -C / --one-file-system "
+        + "".join(f"--exclude={tree} " for tree in LOCAL_IMAGE_EXCLUDED)
+        + '-cf - "$@" | '
         f"docker import --message 'rigfleet: local smoke image from the rig root' - {shlex.quote(tag)}"
     )
 

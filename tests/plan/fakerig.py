@@ -223,6 +223,7 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_nvidia.NvidiaTopology: lambda r: r.topology,
     rf_nvidia.NvlinkStatus: lambda r: dict(r.nvlink_status),
     rf_files.ManagedFile: FakeRig._digest,
+    rf_files.ManagedFiles: lambda r, paths: {p: d for p in paths if (d := r._digest(p)) is not None},
     rf_firewall.ApiAllowlist: lambda r, script, unit: rf_firewall.AllowlistState(
         script in r.files or unit in r.files, r.allowlist_live),
     rf_apt.DpkgInterrupted: lambda r: [],

@@ -114,6 +114,31 @@ def test_kernel_headers() -> None:
         assert KernelHeaders().process(sh(KernelHeaders().command(meta="linux-headers-amd64"))).kernel
 
 
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_kernel_headers_asks_apt_only_while_they_are_missing(tmp_path: Path, installed: bool) -> None:
+    """The command run for real with stand-in uname and apt-cache on PATH and /lib/modules moved
+    under tmp_path: apt's candidates are read (and reported) only when the build dir is absent."""
+    bin_dir, modules, calls = tmp_path / "bin", tmp_path / "modules", tmp_path / "apt-cache.calls"
+    bin_dir.mkdir()
+    (bin_dir / "uname").write_text("#!/bin/sh\necho 6.1.0-41-amd64\n")
+    (bin_dir / "apt-cache").write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\necho '  Candidate: 6.1.158-1'\n")
+    for tool in ("uname", "apt-cache"):
+        (bin_dir / tool).chmod(0o755)
+    if installed:
+        (modules / "6.1.0-41-amd64" / "build").mkdir(parents=True)
+    command = KernelHeaders().command(meta="linux-headers-amd64").replace("/lib/modules/", f"{modules}/")
+    lines = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True,
+                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout.splitlines()
+    headers = KernelHeaders().process(lines)
+    assert (headers.kernel, headers.installed) == ("6.1.0-41-amd64", installed)
+    if installed:
+        assert not calls.exists()  # a converged rig's no-op does not load apt's cache
+        assert (headers.candidate, headers.meta_candidate) == (None, None)
+    else:
+        assert calls.read_text().split("\n")[:2] == ["policy linux-headers-6.1.0-41-amd64", "policy linux-headers-amd64"]
+        assert (headers.candidate, headers.meta_candidate) == ("6.1.158-1", "6.1.158-1")
+
 def test_daemon_json() -> None:
     fact = DockerDaemonConfig()
     assert fact.process(["absent"]).exists is False
