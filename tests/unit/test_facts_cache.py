@@ -11,14 +11,14 @@ import pytest
 from pyinfra.api import FactBase, deploy
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import RebootRequired
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import server
 from typing_extensions import override
 
 from rigfleet.facts import cache
 from rigfleet.facts.apt import AptRepositoryFiles, HeldPackages
 from rigfleet.facts.docker import DockerDaemonConfig
-from rigfleet.facts.files import ManagedFile
+from rigfleet.facts.files import ManagedFile, ManagedFiles
 from rigfleet.facts.system import Platform
 from tests.plan import scenarios
 from tests.plan.fakerig import FakeRig, context_for, plan
@@ -202,3 +202,43 @@ def test_a_converged_host_layer_reads_in_three_round_trips() -> None:
     # what the deploy code reads first; the kernel headers and the disk that follow from it; and
     # what the operations read: three round trips, every fact in one of them
     assert rig.reads == Counter({"Batch": 3}), rig.reads
+
+
+# --- reads of one fact for many files or units: one command, each reader its own part -----------
+
+def test_many_files_in_one_read_give_each_file_what_its_own_read_gives(tmp_path: Any) -> None:
+    (tmp_path / "plain.conf").write_text("a\n")
+    (tmp_path / "private key").write_text("secret\n")
+    (tmp_path / "private key").chmod(0o600)
+    (tmp_path / "a-dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "plain.conf")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    paths = [str(tmp_path / name) for name in ("plain.conf", "private key", "a-dir", "link", "dangling", "absent")]
+    reads = [cache.reading(ManagedFile, path=path) for path in paths]
+    planned = cache.merged(reads)
+    assert [(one.cls, readers) for one, readers in planned] == [(ManagedFiles, reads)]  # one read for all
+    values: dict[Any, Any] = {}
+    cache.keep(values, planned[0][0], reads, alone(ManagedFiles(), **planned[0][0].kwargs))
+    assert [values[one.key] for one in reads] == [alone(ManagedFile(), path=path) for path in paths]
+    assert values[reads[1].key].mode == "600" and values[reads[2].key] is None  # not flattened
+
+
+def test_units_merged_into_one_systemctl_show_each_reader_keeps_its_own_units() -> None:
+    one, two = (cache.reading(SystemdStatus, services=[unit]) for unit in ("docker.service", "haproxy.service"))
+    enabled = cache.reading(SystemdEnabled, services=["docker.service"])
+    everything = cache.reading(SystemdStatus)  # no unit named: all of them, left as it is
+    planned = cache.merged([one, two, enabled, everything])
+    merged_status = next(read for read, readers in planned if readers == [one, two])
+    assert merged_status.kwargs["services"] == ["docker.service", "haproxy.service"]
+    assert (enabled, [enabled]) in planned and (everything, [everything]) in planned
+    # what `systemctl show --all --property Id --property SubState A B` prints: one block per unit
+    shown = ["Id=docker.service", "SubState=running", "", "Id=haproxy.service", "SubState=dead"]
+    values: dict[Any, Any] = {}
+    cache.keep(values, merged_status, [one, two], SystemdStatus().process(shown))
+    assert values[one.key] == {"docker.service": True} and values[two.key] == {"haproxy.service": False}
+
+
+def test_a_path_the_merged_output_would_escape_is_read_alone() -> None:
+    odd = cache.reading(ManagedFile, path="/etc/odd\\name")
+    plain = [cache.reading(ManagedFile, path=f"/etc/{n}") for n in ("a", "b")]
+    assert (odd, [odd]) in cache.merged([odd, *plain])
