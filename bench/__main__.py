@@ -150,6 +150,13 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def host_busy_cpu() -> float:
+    """CPU seconds every core of this machine has been busy (/proc/stat: all but idle and iowait):
+    minus own_cpu(), what the SIMULATED rigs (sshd, sudo, dpkg, docker, their engines) spent."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def children_cpu() -> float:
     """CPU seconds of finished child processes (the peer: ansible-playbook, its forks and ssh)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -157,6 +164,7 @@ def children_cpu() -> float:
 
 
 LAST_CPU: list[float] = [0.0]
+LAST_RIGS_CPU: list[float] = [0.0]  # the machine's busy CPU beyond the control process, same converge
 METRICS: dict[str, Metric] = {}  # filled as the run goes: an interrupted run still reports what it measured
 COMMANDS_BY_ROLE: dict[str, int] = {}  # of the last 1-rig no-op
 PEER_TASK_SECONDS: dict[str, float] = {}  # of the last 1-rig peer run  # control-host CPU of the last converge_timed
@@ -164,10 +172,11 @@ PEER_TASK_SECONDS: dict[str, float] = {}  # of the last 1-rig peer run  # contro
 
 def converge_timed(fleet: Fleet, names: list[str], timer: BaseStateCallback | None = None) -> tuple[float, dict]:
     callbacks = [timer] if timer else []
-    started, cpu = time.monotonic(), own_cpu()
+    started, cpu, busy = time.monotonic(), own_cpu(), host_busy_cpu()
     outcomes = runner.converge(fleet, names, callbacks=callbacks)
     elapsed = time.monotonic() - started
     LAST_CPU[0] = own_cpu() - cpu
+    LAST_RIGS_CPU[0] = max(0.0, host_busy_cpu() - busy - LAST_CPU[0])
     failed = {n: o.summary for n, o in outcomes.items() if not o.ok}
     if failed:
         raise SystemExit(f"bench: converge failed on {failed}")
@@ -263,6 +272,7 @@ def scale_noops(args: argparse.Namespace, metric: Callable[..., Metric], say: Ca
                 raise SystemExit(f"bench: a no-op converge of {count} rigs changed {changed} operations")
             metric(f"scale: no-op {count} rig(s): wall", "s").values.append(wall)
             metric(f"  control-host CPU per rig ({count})", "s", "<= 0.3 s").values.append(LAST_CPU[0] / count)
+            metric(f"  the rigs' own CPU per rig ({count}; same cores)", "s").values.append(LAST_RIGS_CPU[0] / count)
         metric(f"  control process memory growth per rig ({counts[-1]})", "MiB").values.append(
             (rss_mib() - rss) / len(names))
         first, last = (metric(f"scale: no-op {c} rig(s): wall", "s") for c in (counts[0], counts[-1]))
@@ -347,6 +357,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[list[Metr
                 raise SystemExit(f"bench: a no-op converge changed {changed} operations")
             metric(f"no-op converge, {count} rig(s): wall", "s", "<= 1.5 s" if count == 1 else "").values.append(wall)
             metric(f"  control-host CPU per rig, {count} rig(s)", "s", "<= 0.3 s").values.append(LAST_CPU[0] / count)
+            metric(f"  the rigs' own CPU per rig, {count} rig(s)", "s").values.append(LAST_RIGS_CPU[0] / count)
             if count == 1:
                 metric("  remote commands", "count", "<= 12").values.append(wire.commands)
                 metric("  bytes sent", "KiB").values.append(wire.bytes_sent / 1024)
