@@ -37,6 +37,7 @@ from pyinfra.api import BaseStateCallback
 from rich.console import Console
 from rich.table import Table
 
+from bench.cache import SECOND_RIG_SLOWEST
 from rigfleet import rollout, runner
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet_sandbox.layout import repo_root
@@ -463,16 +464,12 @@ def report(args: argparse.Namespace, console: Console, metrics: list[Metric], sl
         console.print("remote commands of the last 1-rig no-op converge, by role:")
         for role, count in COMMANDS_BY_ROLE.items():
             console.print(f"  {count:4d}  {role}")
-    if slowest:
-        console.print("slowest operations of the last fresh converge (s):")
-        for name, seconds in slowest[-1].items():
-            console.print(f"  {seconds:7.1f}  {name}")
-    from bench.cache import SECOND_RIG_SLOWEST
-
-    if SECOND_RIG_SLOWEST:
-        console.print("slowest operations of the last 2nd rig's converge, cache warm (s):")
-        for name, seconds in SECOND_RIG_SLOWEST.items():
-            console.print(f"  {seconds:7.1f}  {name}")
+    for title, operations in (("the last fresh converge", slowest[-1] if slowest else {}),
+                              ("the last 2nd rig's converge, cache warm", SECOND_RIG_SLOWEST)):
+        if operations:
+            console.print(f"slowest operations of {title} (s):")
+            for name, seconds in operations.items():
+                console.print(f"  {seconds:7.1f}  {name}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"date": stamp, "machine": machine, "repeats": args.repeats,
                                            "metrics": [{**m.__dict__, "met": m.met()} for m in metrics],

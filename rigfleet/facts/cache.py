@@ -152,21 +152,23 @@ def _items(one: Read, merge: Merge) -> list[str] | None:
 
 def merged(pending: list[Read]) -> list[tuple[Read, list[Read]]]:
     """The reads to make, each with the reads it answers (several where MERGES joins them)."""
-    groups: dict[tuple[type, str], tuple[Merge, dict[str, Any], list[Read]]] = {}
+    groups: dict[tuple[type, str], tuple[Merge, dict[str, Any], list[Read], set[str]]] = {}
     planned: list[tuple[Read, list[Read]]] = []
     for one in pending:
         merge = MERGES.get(one.cls)
-        if merge is None or _items(one, merge) is None:
+        items = _items(one, merge) if merge else None
+        if merge is None or items is None:
             planned.append((one, [one]))
             continue
         rest = {k: v for k, v in one.kwargs.items() if k != merge.arg}
-        groups.setdefault((one.cls, repr(sorted(rest.items()))), (merge, rest, []))[2].append(one)
-    for merge, rest, readers in groups.values():
+        group = groups.setdefault((one.cls, repr(sorted(rest.items()))), (merge, rest, [], set()))
+        group[2].append(one)
+        group[3].update(items)
+    for merge, rest, readers, asked in groups.values():
         if len(readers) == 1:
             planned.append((readers[0], readers))
-            continue
-        items = sorted({item for one in readers for item in _items(one, merge) or ()})
-        planned.append((Read(merge.into, {**rest, merge.into_arg: items}), readers))
+        else:
+            planned.append((Read(merge.into, {**rest, merge.into_arg: sorted(asked)}), readers))
     return planned
 
 

@@ -71,6 +71,6 @@ class ManagedFiles(FactBase[dict[str, FileDigest]]):
             if line.startswith("mode="):
                 mode, _, path = line[len("mode="):].partition(" ")
                 modes[path] = mode
-            elif len(line) > 66 and line[64:66] == "  ":
-                digests[line[66:].lstrip("*")] = line[:64]
+            elif len(line) > 66 and line[64:66] == "  ":  # sha256sum's "<digest>  <path>"
+                digests[line[66:]] = line[:64]
         return {path: FileDigest(modes.get(path, ""), digest) for path, digest in digests.items()}
