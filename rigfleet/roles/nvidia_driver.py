@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import server
 
 from rigfleet import catalog, render
 from rigfleet.context import RigContext
@@ -116,11 +115,6 @@ def nvidia_driver(context: RigContext) -> None:
             dest=NOUVEAU_CONF,
             content=render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2"),
         )
-        server.shell(
-            name="Rebuild the initramfs without nouveau",
-            commands=["if command -v update-initramfs >/dev/null 2>&1; then update-initramfs -u; fi"],
-            _if=nouveau.did_change,
-        )
         if where.distro == "debian":
             apt_ops.archive_components(
                 name="Debian archive: contrib and non-free for the driver stack",
@@ -172,6 +166,10 @@ def nvidia_driver(context: RigContext) -> None:
                 exclude=HOLD_EXCLUDE,
             )
 
+        # after the driver: its packages may rebuild the initramfs themselves (then this is a check)
+        server_ops.initramfs(
+            name="Initramfs without nouveau", holds=NOUVEAU_CONF, written=nouveau.will_change
+        )
         server_ops.driver_reboot(
             name="Reboot if the driver needs it, then check the GPUs",
             expected_gpus=rig.gpu_count,

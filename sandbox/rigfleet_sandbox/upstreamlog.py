@@ -60,10 +60,10 @@ def records(path: Path = LOG, since: Mark | None = None) -> list[dict[str, objec
 
 def kind(record: dict[str, object]) -> str:
     """package (.deb), index (apt's other files), python (the CONNECT tunnel to the Python index:
-    wheels and index pages, TLS, not told apart), image (base image tarballs), other (weights,
-    overlays, the Genesis git repo, keys)."""
+    wheels and index pages, TLS, not told apart; and the host's own PEP 503 index, www/simple/),
+    image (base image tarballs), other (weights, overlays, the Genesis git repo, keys)."""
     url = str(record["url"]).split("?", 1)[0]
-    if record["server"] == "tunnel":
+    if record["server"] == "tunnel" or "/simple/" in url:
         return "python"
     if url.endswith(".deb"):
         return "package"

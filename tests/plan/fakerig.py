@@ -95,6 +95,7 @@ class FakeRig:
     smi: NvidiaSmiState = NvidiaSmiState("absent", message="nvidia-smi is not installed")
     boot_id: str = "11111111-2222-3333-4444-555555555555"
     reboot_required: bool = False
+    stale_initramfs: str | None = None  # the initramfs update-initramfs -u would rebuild, if stale
     packages: dict[str, list[str]] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
@@ -213,6 +214,7 @@ FACTS: dict[type, Callable[..., Any]] = {
     rf_system.DiskSpace: FakeRig._disk,
     rf_system.BootId: lambda r: r.boot_id,
     server.RebootRequired: lambda r: r.reboot_required,
+    rf_system.StaleInitramfs: lambda r, since: r.stale_initramfs,
     server.TmpDir: lambda r: "/tmp",
     rf_nvidia.NvidiaSmi: lambda r: r.smi,
     rf_nvidia.CdiDevices: lambda r: list(r.cdi_devices),

@@ -445,3 +445,39 @@ def test_edited_config_file_is_rewritten() -> None:
     result = plan(context, rig.with_(files={**rig.files, unit: rig.files[unit] + "# edited by hand\n"}))
     assert ("upload", unit) in result.events
     assert result.uploads[unit] == rig.files[unit]
+
+
+# --- the initramfs: rebuilt when it predates the nouveau blacklist, after the driver ----------
+
+NOUVEAU = "/etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
+
+
+def initramfs_step(result: Plan) -> list[str]:
+    return [c for c in result.commands if "update-initramfs -u" in c]
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_initramfs_older_than_the_blacklist_is_rebuilt(distro: str) -> None:
+    """A run cut off after the blacklist was written left an initramfs without it: the next run
+    rebuilds it though the blacklist itself is unchanged."""
+    context = context_for(distro)
+    stale = scenarios.converged(context, distro, stale_initramfs="/boot/initrd.img-6.1.0-41-amd64")
+    result = plan(context, stale)
+    assert len(initramfs_step(result)) == 1 and len(result.events) == 1
+
+
+@pytest.mark.parametrize("distro", DISTROS)
+def test_fresh_rig_checks_the_initramfs_after_the_driver(distro: str) -> None:
+    """On a fresh rig the blacklist is written this run, so the check is planned though the state
+    read before the run found nothing stale; it comes after the driver packages (whose own
+    triggers may rebuild the initramfs) and before the driver's reboot."""
+    context = context_for(distro)
+    result = plan(context, scenarios.fresh(distro))
+    commands = result.commands
+    step = initramfs_step(result)
+    assert len(step) == 1
+    assert step[0].startswith("stale=$(") and "update-initramfs -u; fi" in step[0]
+    driver = next(i for i, c in enumerate(commands) if "apt-mark hold" in c and "nvidia" in c)
+    reboot = next(i for i, c in enumerate(commands) if "compose.yaml stop" in c)
+    assert driver < commands.index(step[0]) < reboot
+    assert ("upload", NOUVEAU) in result.events

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from rigfleet import catalog
+from rigfleet.facts.system import initramfs_older_than
 from rigfleet.loader import load_fleet
 from rigfleet.roles.docker_engine import DOCKER_CE
 from rigfleet_sandbox import aptrepo, dockerrepo
@@ -195,6 +196,12 @@ def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path, docker_source: s
     smoke = run(sandbox, "sudo docker run --rm --gpus all rigfleet/smoke:local nvidia-smi -L").stdout
     assert smoke.count("GPU ") == 2 and "NVIDIA GeForce RTX 3090" in smoke
     assert run(sandbox, "cat /var/lib/rigfleet/gpu-smoke").stdout.startswith("image=rigfleet/smoke:local ")
+    # the initramfs update-initramfs -u keeps (the real one of the rig's kernel package) holds the
+    # nouveau blacklist, whichever step rebuilt it: the driver packages' trigger or rigfleet
+    blacklist = "etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
+    assert run(sandbox, f"sudo sh -c {shlex.quote(initramfs_older_than('/' + blacklist))}").stdout == ""
+    newest = run(sandbox, "linux-version list | linux-version sort --reverse | head -n 1").stdout.strip()
+    assert blacklist in run(sandbox, f"sudo lsinitramfs /boot/initrd.img-{newest}").stdout.split()
 
 
 def test_second_run_changes_nothing(sandbox: Sandbox, inventory: Path) -> None:

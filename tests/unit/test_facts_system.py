@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from rigfleet.facts.system import (
     PlatformInfo,
     SecureBoot,
     SecureBootState,
+    StaleInitramfs,
 )
 from rigfleet.operations.apt import keyring_script
 
@@ -142,6 +145,52 @@ def test_kernel_headers_asks_apt_only_while_they_are_missing(tmp_path: Path, ins
         # one apt-cache call (one load of its package cache) for both packages
         assert calls.read_text() == "policy linux-headers-6.1.0-41-amd64 linux-headers-amd64\n"
         assert (headers.candidate, headers.meta_candidate) == (None, "6.1.158-1")
+
+def stale_initramfs(tmp_path: Path, versions: list[str], initrds: dict[str, int], blacklist_age: int,
+                    tools: bool = True) -> str | None:
+    """StaleInitramfs run for real with a stand-in `linux-version` (list; sort --reverse, as
+    linux-base's compares kernel versions) and /boot moved under tmp_path; mtimes in seconds ago."""
+    bin_dir, boot = tmp_path / "bin", tmp_path / "boot"
+    bin_dir.mkdir(parents=True)
+    boot.mkdir()
+    if tools:
+        listing = "\\n".join(versions)
+        (bin_dir / "linux-version").write_text(
+            '#!/bin/sh\ncase "$1" in list) printf "' + listing + '\\n";; '
+            "sort) if [ \"$2\" = --reverse ]; then sort -rV; else sort -V; fi;; esac\n")
+        (bin_dir / "update-initramfs").write_text("#!/bin/sh\nexit 0\n")
+        for tool in ("linux-version", "update-initramfs"):
+            (bin_dir / tool).chmod(0o755)
+    now = time.time()
+    for version, age in initrds.items():
+        image = boot / f"initrd.img-{version}"
+        image.write_text("")
+        os.utime(image, (now - age, now - age))
+    blacklist = tmp_path / "blacklist.conf"
+    blacklist.write_text("blacklist nouveau\n")
+    os.utime(blacklist, (now - blacklist_age, now - blacklist_age))
+    command = StaleInitramfs().command(since=str(blacklist)).replace("/boot/", f"{boot}/")
+    lines = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60, check=True,
+                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout.splitlines()
+    found = StaleInitramfs().process(lines)
+    return found.replace(f"{boot}/", "/boot/") if found else None
+
+
+def test_stale_initramfs_is_the_one_update_initramfs_would_rebuild(tmp_path: Path) -> None:
+    versions = ["6.1.0-40-amd64", "6.1.0-41-amd64", "6.1.0-9-amd64"]
+    # the highest version with an initramfs (6.1.0-41, not 6.1.0-9 by string order) predates it
+    assert stale_initramfs(tmp_path / "a", versions, {v: 100 for v in versions}, 50) == (
+        "/boot/initrd.img-6.1.0-41-amd64")
+    # rebuilt after the blacklist was written (by a package trigger, say): current
+    assert stale_initramfs(tmp_path / "b", versions, {v: 10 for v in versions}, 50) is None
+    # an older kernel's stale initramfs is not the one -u rebuilds
+    assert stale_initramfs(tmp_path / "c", versions, {"6.1.0-40-amd64": 100, "6.1.0-41-amd64": 10}, 50) is None
+    # a kernel without an initramfs is skipped, as update-initramfs skips it
+    assert stale_initramfs(tmp_path / "d", versions, {"6.1.0-40-amd64": 100}, 50) == "/boot/initrd.img-6.1.0-40-amd64"
+    # nothing to rebuild: no initramfs at all, or no initramfs-tools
+    assert stale_initramfs(tmp_path / "e", versions, {}, 50) is None
+    assert stale_initramfs(tmp_path / "f", versions, {v: 100 for v in versions}, 50, tools=False) is None
+
 
 def test_daemon_json() -> None:
     fact = DockerDaemonConfig()
