@@ -266,28 +266,24 @@ class KernelHeaders(FactBase[HeadersState]):
         )
 
 
-def initramfs_older_than(path: str) -> str:
-    """Shell that prints the initramfs `update-initramfs -u` would rebuild when it is not newer than
-    `path`, and nothing otherwise (no initramfs-tools, no initramfs, or a current one).
-
-    update-initramfs -u picks the highest kernel version (`linux-version sort`) that has an
-    /boot/initrd.img-<version>; this asks the same question the same way."""
-    return (
-        "if command -v update-initramfs >/dev/null 2>&1 && command -v linux-version >/dev/null 2>&1; "
-        "then v=$(linux-version list | while read -r v; do if [ -e \"/boot/initrd.img-$v\" ]; then "
-        "echo \"$v\"; fi; done | linux-version sort --reverse | head -n 1); "
-        f'if [ -n "$v" ] && [ ! "/boot/initrd.img-$v" -nt {shlex.quote(path)} ]; then '
-        'echo "/boot/initrd.img-$v"; fi; fi'
-    )
-
 
 class StaleInitramfs(FactBase[str | None]):
     """The initramfs the next `update-initramfs -u` would rebuild, when it predates `since` (a file
-    it must hold, like a module blacklist); None when it is current or there is none to rebuild."""
+    it must hold, like a module blacklist); None when it is current, or there is none to rebuild
+    (no initramfs-tools, no initramfs yet).
+
+    update-initramfs -u picks the highest kernel version (`linux-version sort`) that has a
+    /boot/initrd.img-<version>; this asks the same question the same way."""
 
     @override
     def command(self, since: str) -> str:
-        return initramfs_older_than(since)
+        return (
+            "if command -v update-initramfs >/dev/null 2>&1 && command -v linux-version >/dev/null 2>&1; "
+            "then v=$(linux-version list | while read -r v; do if [ -e \"/boot/initrd.img-$v\" ]; then "
+            "echo \"$v\"; fi; done | linux-version sort --reverse | head -n 1); "
+            f'if [ -n "$v" ] && [ ! "/boot/initrd.img-$v" -nt {shlex.quote(since)} ]; then '
+            'echo "/boot/initrd.img-$v"; fi; fi'
+        )
 
     @override
     def process(self, output: list[str]) -> str | None:

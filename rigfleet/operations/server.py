@@ -14,7 +14,7 @@ from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass
 from rigfleet import riglock
 from rigfleet.facts import cache
 from rigfleet.facts.nvidia import NvidiaSmi
-from rigfleet.facts.system import BootId, RebootRequired, StaleInitramfs, initramfs_older_than
+from rigfleet.facts.system import BootId, RebootRequired, StaleInitramfs
 from rigfleet.rigstate import SERVING_COMPOSE
 
 
@@ -33,24 +33,21 @@ def refuse(rig: str, problems: list[str]):
 
 
 @cache.operation(reads=lambda holds, **_: [cache.reading(StaleInitramfs, since=holds)])
-def initramfs(holds: str, written: bool = False):
+def initramfs(holds: str):
     """
     Rebuild the initramfs (`update-initramfs -u`) when it predates `holds`, a file it must hold.
 
-    The rebuild asks again on the rig, when its turn comes: packages installed earlier in the same
-    run may have rebuilt it already (Debian's glx-alternative-nvidia, a dependency of the driver,
-    activates initramfs-tools' trigger), and a second rebuild costs seconds for nothing.
+    Asked when the operation's turn comes (pyinfra runs an operation's body at execution too), so
+    packages installed earlier in the same run that rebuilt it already are seen: Debian's
+    glx-alternative-nvidia, a dependency of the driver, activates initramfs-tools' trigger.
 
     + holds: the file the initramfs must include (e.g. a modprobe.d blacklist)
-    + written: whether an earlier operation of this run writes `holds` (then the rig's state read
-      before the run cannot tell)
     """
     stale = cache.fact(StaleInitramfs, since=holds)
-    if stale is None and not written:
+    if stale is None:
         host.noop(f"the initramfs is newer than {holds}")
         return
-    yield StringCommand(f'stale=$({initramfs_older_than(holds)}); if [ -n "$stale" ]; then '
-                        "update-initramfs -u; fi")
+    yield StringCommand("update-initramfs -u")
 
 
 def reboot_reasons() -> list[str]:

@@ -110,7 +110,7 @@ def nvidia_driver(context: RigContext) -> None:
         rig, pin = context.rig, context.pinset.driver
         gpu_name = catalog.gpus()[rig.gpu_model]["name"]
 
-        nouveau = files_ops.config_file(
+        files_ops.config_file(
             name="Blacklist nouveau",
             dest=NOUVEAU_CONF,
             content=render.render("modprobe/rigfleet-blacklist-nouveau.conf.j2"),
@@ -167,9 +167,7 @@ def nvidia_driver(context: RigContext) -> None:
             )
 
         # after the driver: its packages may rebuild the initramfs themselves (then this is a check)
-        server_ops.initramfs(
-            name="Initramfs without nouveau", holds=NOUVEAU_CONF, written=nouveau.will_change
-        )
+        server_ops.initramfs(name="Initramfs without nouveau", holds=NOUVEAU_CONF)
         server_ops.driver_reboot(
             name="Reboot if the driver needs it, then check the GPUs",
             expected_gpus=rig.gpu_count,

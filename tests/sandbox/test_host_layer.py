@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from rigfleet import catalog
-from rigfleet.facts.system import initramfs_older_than
+from rigfleet.facts.system import StaleInitramfs
 from rigfleet.loader import load_fleet
 from rigfleet.roles.docker_engine import DOCKER_CE
 from rigfleet_sandbox import aptrepo, dockerrepo
@@ -199,7 +199,7 @@ def test_fresh_rig_converges(sandbox: Sandbox, inventory: Path, docker_source: s
     # the initramfs update-initramfs -u keeps (the real one of the rig's kernel package) holds the
     # nouveau blacklist, whichever step rebuilt it: the driver packages' trigger or rigfleet
     blacklist = "etc/modprobe.d/rigfleet-blacklist-nouveau.conf"
-    assert run(sandbox, f"sudo sh -c {shlex.quote(initramfs_older_than('/' + blacklist))}").stdout == ""
+    assert run(sandbox, f"sudo sh -c {shlex.quote(StaleInitramfs().command(since='/' + blacklist))}").stdout == ""
     newest = run(sandbox, "linux-version list | linux-version sort --reverse | head -n 1").stdout.strip()
     assert blacklist in run(sandbox, f"sudo lsinitramfs /boot/initrd.img-{newest}").stdout.split()
 
