@@ -37,7 +37,7 @@ from pyinfra.api import BaseStateCallback
 from rich.console import Console
 from rich.table import Table
 
-from bench.cache import SECOND_RIG_SLOWEST
+from bench.cache import SECOND_RIG_OPERATIONS, SECOND_RIG_SLOWEST
 from rigfleet import rollout, runner
 from rigfleet.loader import Fleet, load_fleet
 from rigfleet_sandbox.layout import repo_root
@@ -475,6 +475,7 @@ def report(args: argparse.Namespace, console: Console, metrics: list[Metric], sl
                                            "metrics": [{**m.__dict__, "met": m.met()} for m in metrics],
                                            "fresh_slowest_operations": slowest,
                                            "second_rig_slowest_operations": SECOND_RIG_SLOWEST,
+                                           "second_rig_operations": SECOND_RIG_OPERATIONS,
                                            "noop_commands_by_role": COMMANDS_BY_ROLE,
                                            "peer_task_seconds_1_rig": PEER_TASK_SECONDS}, indent=2))
     console.print(f"written: {args.json}")

@@ -24,6 +24,7 @@ PACKAGE_OPS = re.compile(
 KINDS = ("package", "index", "python", "image", "other")
 MIB = 1024 * 1024
 SECOND_RIG_SLOWEST: dict[str, float] = {}  # of the last run: where the 2nd rig's converge spends its time
+SECOND_RIG_OPERATIONS: dict[str, float] = {}  # of the last run: every operation of it, slowest first
 
 
 def with_cache_group(fleet: Fleet, rig: str) -> Fleet:
@@ -67,6 +68,8 @@ def run(sandbox_up: Callable[[int], Fleet], converge_timed: Callable[..., tuple[
                 metric("  its package installs (download from the cache, unpack)", "s").values.append(packages)
                 metric("  excluding package unpack and install", "s", "<= 30 s").values.append(wall - packages)
                 ranked = sorted(timer.seconds.items(), key=lambda item: -item[1])
+                SECOND_RIG_OPERATIONS.clear()
+                SECOND_RIG_OPERATIONS.update(ranked)
                 SECOND_RIG_SLOWEST.clear()
                 SECOND_RIG_SLOWEST.update(ranked[:15])
                 SECOND_RIG_SLOWEST[f"({len(ranked[15:])} other operations)"] = sum(s for _, s in ranked[15:])

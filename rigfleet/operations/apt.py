@@ -5,21 +5,20 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
-from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import StringCommand
 from pyinfra.facts.apt import noninteractive_apt
 from pyinfra.facts.deb import DebPackages
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
 from rigfleet import render
 from rigfleet.facts import cache
 from rigfleet.facts.apt import AptRepositoryFiles, AptSourceEntries, DpkgInterrupted, HeldPackages, SourceEntry
 from rigfleet.facts.files import ManagedFile
 from rigfleet.facts.system import KernelHeaders
-from rigfleet.operations.files import matches
+from rigfleet.operations.files import matches, write_file
 from rigfleet.schema import AptRepo
 
 # rigfleet moves held packages itself (a re-pin) and may go back to an older pinned version
@@ -74,7 +73,7 @@ def repository(key_url: str, fingerprint: str, keyring: str, source: str, conten
     if present.legacy:
         yield StringCommand("rm -f", *(shlex.quote(path) for path in present.legacy))
     if not source_ok:
-        yield from files.put._inner(src=StringIO(content), dest=source, mode="0644")
+        yield from write_file(source, content)
 
 
 def vendor_repository(*, name: str, description: str, repo: AptRepo, keyring: str, stem: str, suite: str = "/",
@@ -278,7 +277,7 @@ def archive_components(dest: str, codename: str, components: list[str]):
     if matches(current, content, "0644"):
         host.noop(f"{dest} is up to date")
         return
-    yield from files.put._inner(src=StringIO(content), dest=dest, mode="0644")
+    yield from write_file(dest, content)
 
 
 @cache.operation(reads=lambda **_: [cache.reading(DebPackages)])

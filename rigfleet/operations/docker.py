@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import json
 import shlex
-from io import StringIO
 from typing import Any
 
 from pyinfra import host
 from pyinfra.api import StringCommand
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import FileContents
-from pyinfra.operations import files
 
 from rigfleet.facts import cache
 from rigfleet.facts.docker import DAEMON_JSON, DockerDaemonConfig, DockerImagePresent
 from rigfleet.facts.nvidia import CdiDevices, NvidiaSmi
+from rigfleet.operations.files import write_file
 from rigfleet.rigstate import SMOKE_STAMP
 
 NVIDIA_RUNTIME_PATH = "nvidia-container-runtime"
@@ -70,7 +69,7 @@ def daemon_json(settings: dict[str, Any], path: str = DAEMON_JSON):
         host.noop(f"{path} already has rigfleet's settings")
         return
     staged = f"{path}.rigfleet-new"
-    yield from files.put._inner(src=StringIO(render_daemon_json(merged)), dest=staged, mode="0644")
+    yield from write_file(staged, render_daemon_json(merged))
     q_staged, q_path = shlex.quote(staged), shlex.quote(path)
     yield StringCommand(
         "if dockerd --help 2>&1 | grep -q -- --validate; then dockerd --validate --config-file "

@@ -14,7 +14,6 @@ import hashlib
 import json
 import re
 from collections.abc import Generator
-from io import StringIO
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,10 +21,10 @@ from urllib.parse import urlsplit
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import Sha256File
-from pyinfra.operations import files
 
 from rigfleet import catalog
 from rigfleet.facts.image import STAMP_DIR, BuildStamps, DockerImageInfo
+from rigfleet.operations.files import write_file
 from rigfleet.operations.shell import dq, q, script, sha256_of
 from rigfleet.rigstate import BUILD_ROOT, BUILDS_LEDGER, LOG_DIR
 from rigfleet.schema import GenesisPin, ImageRef, OverlayFile
@@ -351,7 +350,7 @@ def context_files(tag: str, rendered: dict[str, str]) -> Commands:
     yield StringCommand(f"mkdir -p {q(build + '/overlays')} {q(build + '/genesis')}")
     for name, text in sorted(rendered.items()):
         mode = "0755" if name.endswith(".sh") else "0644"
-        yield from files.put._inner(src=StringIO(text), dest=f"{build}/{name}", mode=mode)
+        yield from write_file(f"{build}/{name}", text, mode)
 
 
 @operation()

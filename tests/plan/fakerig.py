@@ -41,6 +41,7 @@ from rigfleet.facts.files import FileDigest
 from rigfleet.facts.nvidia import Gpu, NvidiaSmiState, Topology
 from rigfleet.facts.system import DiskUsage, HeadersState, PlatformInfo, SecureBootState
 from rigfleet.loader import Fleet
+from rigfleet.operations.files import FileWriteCommand
 from rigfleet.schema import ImageRef, PinSet, Rig
 
 PLATFORMS = {
@@ -247,11 +248,14 @@ FACTS: dict[type, Callable[..., Any]] = {
 
 @dataclass
 class Plan:
-    """What the deploy would do, in order: ("run", cmd), ("upload", dest), ("call", function)."""
+    """What the deploy would do, in order: ("run", cmd), ("upload", dest), ("call", function).
+    A file written by one command (rigfleet.operations.files.FileWriteCommand) is an upload too,
+    its mode in `modes`."""
 
     events: list[tuple[str, str]]
     uploads: dict[str, str]
     failed: bool
+    modes: dict[str, str] = field(default_factory=dict)
 
     @property
     def commands(self) -> list[str]:
@@ -294,6 +298,7 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
 
     events: list[tuple[str, str]] = []
     uploads: dict[str, str] = {}
+    modes: dict[str, str] = {}
     inventory = Inventory(
         (
             [f"@fake/{context.rig.name}"],
@@ -315,6 +320,10 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
     original_run = connector.run_shell_command
 
     def run_shell_command(command: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(command, FileWriteCommand):
+            events.append(("upload", command.dest))
+            uploads[command.dest], modes[command.dest] = command.content, command.mode
+            return original_run(command, *args, **kwargs)
         text = command if isinstance(command, str) else command.get_raw_value()
         events.append(("run", text))
         return original_run(command, *args, **kwargs)
@@ -347,4 +356,4 @@ def plan(context: RigContext, rig: FakeRig, roles: Sequence[Callable[..., Any]] 
         except PyinfraError:
             failed = True
     failed = failed or bool(state.failed_hosts)
-    return Plan(events, uploads, failed)
+    return Plan(events, uploads, failed, modes)

@@ -118,13 +118,11 @@ def test_fresh_key_steps(distro: str) -> None:
         ]
         headers = next(c for c in commands if "linux-headers-amd64" in c)
         assert commands.index(headers) < commands.index(driver), "DKMS needs the headers before the driver"
-    assert result.events[-9:] == [
+    assert result.events[-7:] == [
         ("upload", "/etc/udev/rules.d/71-nvidia-dev-char.rules"),
-        ("run", "chmod 644 /etc/udev/rules.d/71-nvidia-dev-char.rules"),
         ("run", "if command -v udevadm >/dev/null 2>&1; then udevadm control --reload-rules || true; fi"),
         ("run", "nvidia-ctk system create-dev-char-symlinks --create-all"),
         ("upload", "/etc/systemd/system/rigfleet-gpu-tuning.service"),
-        ("run", "chmod 644 /etc/systemd/system/rigfleet-gpu-tuning.service"),
         ("run", "systemctl daemon-reload"),
         ("run", "systemctl start rigfleet-gpu-tuning.service"),
         ("run", "systemctl enable rigfleet-gpu-tuning.service"),
@@ -267,7 +265,6 @@ def test_daemon_json_foreign_keys_kept(distro: str) -> None:
     staged = "/etc/docker/daemon.json.rigfleet-new"
     assert result.events == [
         ("upload", staged),
-        ("run", f"chmod 644 {staged}"),
         (
             "run",
             "if dockerd --help 2>&1 | grep -q -- --validate; then "
@@ -277,6 +274,7 @@ def test_daemon_json_foreign_keys_kept(distro: str) -> None:
         ),
         RESTART_DOCKER,
     ]
+    assert result.modes[staged] == "0644"
     assert json.loads(result.uploads[staged]) == {
         "bip": "172.31.0.1/16",
         "registry-mirrors": ["https://mirror.example.internal"],

@@ -38,6 +38,7 @@ from rigfleet.context import RigContext
 from rigfleet.loader import Fleet
 from rigfleet.operations import image as image_ops
 from rigfleet.operations import weights as weights_ops
+from rigfleet.operations.files import FileWriteCommand
 from rigfleet.roles.model_weights import model_weights
 from rigfleet.roles.vllm_image import vllm_image
 from rigfleet.schema import PinSet, Rig
@@ -88,6 +89,8 @@ class Step:
 
 
 def _text(command: Any) -> str:
+    if isinstance(command, FileWriteCommand):
+        return f"upload {command.dest} mode {command.mode}"
     if isinstance(command, StringCommand):
         return command.get_raw_value()
     if isinstance(command, FileUploadCommand):
@@ -163,8 +166,8 @@ def test_image_missing_plans_verify_then_build_in_order() -> None:
     assert f'[ "$head" = {SHA_GENESIS} ]' in genesis.text
     assert "docker load -i" in base.text and DIGEST in base.text and "refusing to build on it" in base.text
     build_dir = image_ops.build_dir(tag)
-    assert f"upload {build_dir}/Dockerfile" in context.commands
-    assert f"upload {build_dir}/entrypoint.sh" in context.commands
+    assert f"upload {build_dir}/Dockerfile mode 0644" in context.commands
+    assert f"upload {build_dir}/entrypoint.sh mode 0755" in context.commands
     assert f"docker build --pull=false -t {tag}" in build.text
     assert build.text.index("docker build") < build.text.index(f"rm -rf {build_dir}")
     assert image_ops.BUILDS_LEDGER in build.text
