@@ -266,7 +266,6 @@ class KernelHeaders(FactBase[HeadersState]):
         )
 
 
-
 class StaleInitramfs(FactBase[str | None]):
     """The initramfs the next `update-initramfs -u` would rebuild, when it predates `since` (a file
     it must hold, like a module blacklist); None when it is current, or there is none to rebuild

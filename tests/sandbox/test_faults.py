@@ -55,6 +55,7 @@ for fd in fds:
     fcntl.lockf(fd, fcntl.LOCK_EX)
 open("/run/rigfleet-test-lock-holder.pid", "w").write(str(os.getpid()))
 time.sleep(float(sys.argv[1]))
+open("/run/rigfleet-test-lock-holder.released", "w").write("held to the end")
 """
 
 # pyinfra's log: the apt_base repair operation, then (maybe after output lines) a change on the rig
@@ -90,7 +91,8 @@ def run(sandbox: Sandbox, command: str, check: bool = True) -> subprocess.Comple
 
 def hold_locks(sandbox: Sandbox, seconds: float) -> int:
     """Start a process on the rig that holds both dpkg locks for `seconds`; returns its pid."""
-    run(sandbox, f"sudo rm -f /run/rigfleet-test-lock-holder.pid; cat <<'EOF' | sudo tee {HOLDER} >/dev/null\n"
+    run(sandbox, "sudo rm -f /run/rigfleet-test-lock-holder.pid /run/rigfleet-test-lock-holder.released; "
+                 f"cat <<'EOF' | sudo tee {HOLDER} >/dev/null\n"
                  f"{HOLDER_SOURCE}EOF\n"
                  f"sudo setsid -f python3 {HOLDER} {seconds} </dev/null >/dev/null 2>&1")
     for _ in range(600):  # a dpkg still running (left by a cut) is waited for
@@ -180,7 +182,9 @@ def test_rerun_waits_for_a_60s_apt_lock_and_leaves_nothing_half_done(sandbox: Sa
     assert results["failed_hosts"] == [] and results["totals"]["error"] == 0
     assert run(sandbox, f"kill -0 {pid} 2>/dev/null && echo alive || echo gone", check=False).stdout.strip() == "gone"
     assert REPAIRED.search(proc.stderr), "the re-run finished the interrupted dpkg run"
-    assert elapsed >= 30, "the lock was held when the re-run began, so it had to wait"
+    # the holder had both dpkg locks when the re-run began and kept them to its end (not killed):
+    # the repair's dpkg, which succeeded, can only have run after it let go
+    assert run(sandbox, "cat /run/rigfleet-test-lock-holder.released", check=False).stdout.strip() == "held to the end"
     # nothing half-done
     assert run(sandbox, "sudo dpkg --audit").stdout.strip() == ""
     assert set(run(sandbox, "apt-mark showhold").stdout.split()) >= DRIVER_HELD
