@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from rigfleet_sandbox import layout
+from rigfleet_sandbox.shell import apt_install
 
 DRIVER_BRANCH = "580"
 DRIVER_VERSIONS = ("580.95.05", "580.105.08")  # upstream versions; packages get a "-1" revision
@@ -500,11 +501,7 @@ def ensure_host_tools() -> None:
     missing = sorted({pkg for tool, pkg in TOOLS.items() if shutil.which(tool) is None})
     if not missing:
         return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
-    if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
-        _run(["apt-get", "update"], env=env)
-        _run(cmd, env=env)
+    apt_install(missing, recommends=False)
 
 
 def _build_deb(p: Package, work: Path, out_dir: Path) -> Path:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 Log = Callable[[str], None]
 
@@ -51,7 +52,27 @@ def ensure_host_tools(log: Log) -> None:
     if not missing:
         return
     log(f"installing host tools: {' '.join(sorted(missing))}")
-    cmd = ["apt-get", "install", "-y", *sorted(missing)]
-    if run(cmd, check=False).returncode != 0:
-        run(["apt-get", "update"])
-        run(cmd)
+    apt_install(missing)
+
+
+# one host-wide lock for the sandbox's own installs: on a fresh machine two test shards (two
+# sandbox instances) and the repository builders ask for their tools at the same moment
+APT_LOCK = "/run/lock/rigfleet-sandbox-apt.lock"
+APT_LOCK_TIMEOUT_S = 900  # dpkg's own lock, held by an install outside the sandbox
+
+
+def apt_install(packages: Iterable[str], *, recommends: bool = True) -> None:
+    """`apt-get install` on this host, one at a time and waiting for dpkg's lock; the package
+    lists are fetched only when the install fails without them."""
+    cmd = ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}", "install", "-y",
+           *([] if recommends else ["--no-install-recommends"]), *sorted(set(packages))]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with open(APT_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
+            for step in (["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}", "update"], cmd):
+                proc = subprocess.run(step, env=env, capture_output=True, text=True, check=False,
+                                      timeout=1800)
+                if proc.returncode != 0:
+                    detail = (proc.stderr or proc.stdout).strip()[-2000:]
+                    raise SandboxError(f"`{' '.join(step)}` failed with {proc.returncode}: {detail}")
