@@ -6,7 +6,7 @@ import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 Log = Callable[[str], None]
 
@@ -16,10 +16,12 @@ class SandboxError(RuntimeError):
 
 
 def run(
-    cmd: Sequence[str], *, check: bool = True, input: str | None = None, timeout: float | None = 600
+    cmd: Sequence[str], *, check: bool = True, input: str | None = None, timeout: float | None = 600,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     try:
-        proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(list(cmd), input=input, capture_output=True, text=True, timeout=timeout, check=False,
+                              env=env)
     except FileNotFoundError as exc:
         raise SandboxError(f"command not found: {cmd[0]} (is its package installed?)") from exc
     except subprocess.TimeoutExpired as exc:
@@ -64,15 +66,11 @@ APT_LOCK_TIMEOUT_S = 900  # dpkg's own lock, held by an install outside the sand
 def apt_install(packages: Iterable[str], *, recommends: bool = True) -> None:
     """`apt-get install` on this host, one at a time and waiting for dpkg's lock; the package
     lists are fetched only when the install fails without them."""
-    cmd = ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}", "install", "-y",
-           *([] if recommends else ["--no-install-recommends"]), *sorted(set(packages))]
+    apt = ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}"]
+    install = [*apt, "install", "-y", *([] if recommends else ["--no-install-recommends"]), *sorted(set(packages))]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with open(APT_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
-            for step in (["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_TIMEOUT_S}", "update"], cmd):
-                proc = subprocess.run(step, env=env, capture_output=True, text=True, check=False,
-                                      timeout=1800)
-                if proc.returncode != 0:
-                    detail = (proc.stderr or proc.stdout).strip()[-2000:]
-                    raise SandboxError(f"`{' '.join(step)}` failed with {proc.returncode}: {detail}")
+        if run(install, check=False, timeout=APT_LOCK_TIMEOUT_S * 2, env=env).returncode != 0:
+            run([*apt, "update"], timeout=APT_LOCK_TIMEOUT_S * 2, env=env)
+            run(install, timeout=APT_LOCK_TIMEOUT_S * 2, env=env)
