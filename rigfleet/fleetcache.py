@@ -7,6 +7,12 @@ the cache host's disk. The cache host's own apt goes through it as well; its `ap
 is where the cache downloads from (the way out of a network without NAT), and the other rigs'
 apt_proxy is not used while the cache is their proxy.
 
+Weights go from rig to rig the same way: apt-cacher-ng also serves the cache host's MODEL_DIR as
+plain files (its LocalDirs, at /rigfleet-models/), and a rig whose weights the cache host already
+holds, verified, fetches them from there instead of the hub or the mirror (rigfleet.roles.model_weights).
+`cache_weights: false` on the cache host keeps its model directory off the network; on another rig
+it makes that rig fetch from its own source.
+
 HTTPS repositories are not cached: apt keeps reaching them directly, TLS end to end, as without a
 cache (the rigs' apt configuration proxies http:// only). apt-cacher-ng could cache them only with
 the http://HTTPS/// remap, which rewrites every rig's sources and moves TLS to the cache host; its
@@ -29,6 +35,8 @@ from rigfleet.loader import Fleet
 from rigfleet.schema import Rig
 
 GROUP = "cache"
+# the URL path under which the cache host's MODEL_DIR is served (apt-cacher-ng's LocalDirs)
+WEIGHTS_PATH = "rigfleet-models"
 # how long a rig's apt waits for the cache's port before it stops with the fix
 CHECK_TIMEOUT_S = 5
 
@@ -47,11 +55,17 @@ class Cache:
     upstream: str | None  # the proxy it downloads through (the cache host's apt_proxy)
     https_hosts: tuple[str, ...]  # the fleet's HTTPS repository hosts, tunnelled but not cached
     http_ports: tuple[int, ...]  # ports of the fleet's plain-HTTP repositories, besides 80
+    model_dir: str | None = None  # the cache host's MODEL_DIR, served to the rigs (None: not served)
 
     @property
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"http://{host}:{self.port}"
+
+    @property
+    def weights_url(self) -> str | None:
+        """Where the rigs read the cache host's MODEL_DIR (None: it is not served)."""
+        return f"{self.url}/{WEIGHTS_PATH}/" if self.model_dir else None
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,17 @@ def of(fleet: Fleet) -> Cache | None:
         return None
     address = rig.ssh_hostname if ip_address(bind).is_unspecified else bind
     port = rig.cache_port or int(facts()["port"])
-    return Cache(rig.name, bind, address, port, rig.apt_proxy, _https_hosts(fleet), _http_ports(fleet))
+    model_dir = rig.model_dir if rig.cache_weights else None
+    return Cache(rig.name, bind, address, port, rig.apt_proxy, _https_hosts(fleet), _http_ports(fleet), model_dir)
+
+
+def weights_from(fleet: Fleet, rig: Rig) -> Cache | None:
+    """The cache the rig fetches its weights through, or None (no cache, the cache host itself, a
+    cache that serves no weights, or the rig's cache_weights is off)."""
+    found = of(fleet)
+    if found is None or found.model_dir is None or found.rig == rig.name or not rig.cache_weights:
+        return None
+    return found
 
 
 def check_command(found: Cache, rig: Rig) -> str:
@@ -145,6 +169,9 @@ def config_text(found: Cache) -> str:
         # the fleet's plain-HTTP repositories on other ports than 80 (apt-cacher-ng refuses them)
         "AllowUserPorts: " + " ".join(str(port) for port in (80, *found.http_ports)),
         f"PassThroughPattern: ^({tunnel}):443$" if tunnel else "# no HTTPS repositories: only the default tunnels",
+        # the package's own pair, and this host's MODEL_DIR for the other rigs' weights
+        "LocalDirs: " + " ; ".join([facts()["package_local_dirs"],
+                                    *([f"{WEIGHTS_PATH} {found.model_dir}"] if found.model_dir else [])]),
     ]
     return "\n".join(lines) + "\n"
 
@@ -176,6 +203,11 @@ def problems(fleet: Fleet) -> list[Problem]:
         found.append(Problem(rig.name, "cache_bind_address", rig.cache_bind_address,
                              "the other rigs cannot reach a cache that listens on loopback",
                              "bind the cache to the address the other rigs reach this host at"))
+    if rig.cache_weights and any(ch in rig.model_dir for ch in ";#"):
+        found.append(Problem(rig.name, "model_dir", rig.model_dir,
+                             "the cache serves this directory to the other rigs, and apt-cacher-ng's "
+                             "configuration cannot hold ';' or '#' in a path",
+                             "choose a model_dir without ';' and '#', or set cache_weights: false"))
     taken = {"ssh_port": rig.ssh_port, "port (the API)": rig.port}
     if "gateway" in rig.groups:
         taken["gateway_port"] = rig.gateway_port

@@ -18,11 +18,13 @@ from typing import Any
 
 import click
 import gevent
+import pyinfra
 from pyinfra.api import BaseStateCallback, Config, Inventory, State
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.facts import get_facts
 from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
 from pyinfra.connectors.sshuserclient.client import get_host_keys
 from pyinfra.context import ctx_config, ctx_host, ctx_state
 
@@ -172,6 +174,13 @@ def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
 
     The roles read facts while they decide which operations to add; pyinfra's add_deploy runs
     them host after host, so that read time would add up with every rig in the call.
+
+    The operations get the identities `pyinfra deploy.py` gives them: the line numbers of the
+    calls (pyinfra's CLI mode, for the planning only). Its API mode numbers each host's
+    operations in the order they were added, so one rig's fifth operation and another's are
+    one operation whatever they are, and an operation the roles share on purpose is not:
+    rigfleet.roles.model_weights relies on the shared one to run the other rigs' fetch from
+    the fleet cache after the cache host's download, in the fleet commands as in the CLI.
     """
 
     def prepare(host: Any) -> BaseException | None:
@@ -182,9 +191,14 @@ def _prepare_in_parallel(state: State, deploy: Callable[[], None]) -> None:
             return exc
         return None
 
-    with ctx_state.use(state):
-        greenlets = [state.pool.spawn(prepare, host) for host in state.inventory.get_active_hosts()]
-        gevent.joinall(greenlets)
+    state.set_stage(StateStage.Prepare)
+    was_cli, pyinfra.is_cli = pyinfra.is_cli, True
+    try:
+        with ctx_state.use(state):
+            greenlets = [state.pool.spawn(prepare, host) for host in state.inventory.get_active_hosts()]
+            gevent.joinall(greenlets)
+    finally:
+        pyinfra.is_cli = was_cli
     for greenlet in greenlets:
         if isinstance(greenlet.value, BaseException):
             raise greenlet.value

@@ -194,6 +194,9 @@ class Rig(Strict):
     # listens (default: that rig's ssh_hostname, the address the other rigs reach it at) and its port
     cache_bind_address: str | None = None
     cache_port: int | None = Field(None, ge=1, le=65535)
+    # weights through the cache: on the cache host, serve MODEL_DIR to the other rigs; on another
+    # rig, fetch the weights the cache host holds from it (false: from the rig's own source)
+    cache_weights: bool = True
     monitoring: Monitoring = Monitoring()
 
     @field_validator("name")

@@ -73,7 +73,7 @@ class WeightsManifest(FactBase[dict[str, Any] | None]):
 
     def command(self, url: str) -> str:
         return (f"if command -v curl >/dev/null 2>&1; then "
-                f"curl -fsSL --max-time 60 {shlex.quote(url)} 2>/dev/null || true; fi")
+                f"curl -fsSL --connect-timeout 10 --max-time 60 {shlex.quote(url)} 2>/dev/null || true; fi")
 
     def process(self, output: list[str]) -> dict[str, Any] | None:
         files: dict[str, str] = {}

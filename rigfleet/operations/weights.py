@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -94,25 +95,20 @@ def _rehash(subdir: str, dest: str, name: str, sha: str, why: str) -> StringComm
     )
 
 
-@operation()
-def mirror_weights(dest: str, url: str, model_dir: str, subdir: str) -> Commands:
-    """Fetch the files listed in the mirror's SHA256SUMS into dest, resuming partial downloads,
-    verifying each before it gets its final name; then write the stamp."""
-    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
-    if is_verified(state):
-        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
-        return
-    base = mirror_dir_url(url, subdir)
+def _fetch_listed(state: dict[str, Any], dest: str, base: str, manifest_url: str, model_dir: str,
+                  subdir: str) -> Commands:
+    """The files manifest_url lists, fetched from base into dest (resuming partial downloads, each
+    verified before it gets its final name), then the manifest copy and the stamp."""
     log = weights_log(subdir)
-    manifest = host.get_fact(WeightsManifest, url=base + MANIFEST)
+    manifest = host.get_fact(WeightsManifest, url=manifest_url)
     if manifest is None or not manifest["files"]:
         yield script(f"weights {subdir}: manifest", log,
-                     f"fail {q(f'weights {subdir}: cannot read the manifest {base}{MANIFEST} from the rig')}")
+                     f"fail {q(f'weights {subdir}: cannot read the manifest {manifest_url} from the rig')}")
         return
     if manifest["bad"]:
         bad = manifest["bad"][0][:200]
         yield script(f"weights {subdir}: manifest", log,
-                     f"fail {q(f'weights {subdir}: {base}{MANIFEST} has a line that is not <sha256>  <name>: {bad}')}")
+                     f"fail {q(f'weights {subdir}: {manifest_url} has a line that is not <sha256>  <name>: {bad}')}")
         return
     wanted: dict[str, str] = manifest["files"]
     stamp, on_disk = state["stamp"], state["files"]
@@ -151,17 +147,8 @@ def mirror_weights(dest: str, url: str, model_dir: str, subdir: str) -> Commands
     yield _stamp_script(subdir, dest, model_dir)
 
 
-@operation()
-def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str,
-                token_error: str | None = None) -> Commands:
-    """Fetch a repo from the Hugging Face hub with the stdlib helper (resume, progress, sha256 of
-    LFS files against the hub's, git blob SHA-1 for the small ones). The token comes on stdin
-    (the caller passes `_stdin`), never in argv, a file or a log. The helper must be on the rig
-    (HUB_HELPER_ON_RIG, uploaded by the role)."""
-    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
-    if is_verified(state):
-        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
-        return
+def _from_hub(dest: str, repo: str, revision: str, model_dir: str, subdir: str, token_error: str | None
+              ) -> Commands:
     log = weights_log(subdir)
     if token_error:
         yield script(f"weights {subdir}: hub token", log, f"fail {q(token_error)}")
@@ -174,6 +161,72 @@ def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str
         f'|| {{ tail -n 5 "$LOG" >&2; fail "weights {subdir}: hub download failed (see $LOG)"; }}',
     )
     yield _stamp_script(subdir, dest, model_dir)
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a rig's weights come from without the fleet cache: a mirror of MODEL_DIR (url), or
+    else the hub (repo at revision; token_error: why the rig's token cannot be read, if so)."""
+
+    mirror: str | None = None
+    repo: str = ""
+    revision: str = "main"
+    token_error: str | None = None
+
+    def commands(self, dest: str, model_dir: str, subdir: str, state: dict[str, Any]) -> Commands:
+        if self.mirror:
+            base = mirror_dir_url(self.mirror, subdir)
+            yield from _fetch_listed(state, dest, base, base + MANIFEST, model_dir, subdir)
+        else:
+            yield from _from_hub(dest, self.repo, self.revision, model_dir, subdir, self.token_error)
+
+
+@operation()
+def mirror_weights(dest: str, url: str, model_dir: str, subdir: str) -> Commands:
+    """Fetch the files listed in the mirror's SHA256SUMS into dest, resuming partial downloads,
+    verifying each before it gets its final name; then write the stamp."""
+    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
+    if is_verified(state):
+        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
+        return
+    yield from Source(mirror=url).commands(dest, model_dir, subdir, state)
+
+
+@operation()
+def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str,
+                token_error: str | None = None) -> Commands:
+    """Fetch a repo from the Hugging Face hub with the stdlib helper (resume, progress, sha256 of
+    LFS files against the hub's, git blob SHA-1 for the small ones). The token comes on stdin
+    (the caller passes `_stdin`), never in argv, a file or a log. The helper must be on the rig
+    (HUB_HELPER_ON_RIG, uploaded by the role)."""
+    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
+    if is_verified(state):
+        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
+        return
+    yield from _from_hub(dest, repo, revision, model_dir, subdir, token_error)
+
+
+@operation()
+def cached_weights(dest: str, model_dir: str, subdir: str, cache_url: str | None, cache_rig: str,
+                   source: Source) -> Commands:
+    """The weights the fleet cache host holds, fetched from it (cache_url: its MODEL_DIR over HTTP);
+    each file verified against the cache host's manifest, which it writes only once every file is
+    verified there. Without that manifest (the cache host holds other weights, or its download
+    failed) the rig fetches from its own source. cache_url None: this rig is the cache host."""
+    if cache_url is None:
+        host.noop(f"weights {subdir}: this rig serves them to the fleet ({cache_rig})")
+        return
+    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
+    if is_verified(state):
+        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
+        return
+    manifest_url = f"{cache_url}{STATE_DIR}/{quote(subdir)}.{MANIFEST}"
+    if host.get_fact(WeightsManifest, url=manifest_url) is None:
+        why = f"weights {subdir}: the fleet cache on {cache_rig} does not hold them verified; fetching from the source"
+        yield script(f"weights {subdir}: not on the fleet cache", weights_log(subdir), f"say {q(why)}")
+        yield from source.commands(dest, model_dir, subdir, state)
+        return
+    yield from _fetch_listed(state, dest, f"{cache_url}{quote(subdir)}/", manifest_url, model_dir, subdir)
 
 
 @operation()
@@ -221,4 +274,5 @@ def chat_template_placed(model_dir: str, template: str, weights_dir: str, mirror
     yield script(f"{what} -> {dest}", f"{LOG_DIR}/weights-chat-templates.log", *lines)
 
 
-__all__ = ["chat_template_placed", "hub_weights", "is_verified", "mirror_weights", "safe_name"]
+__all__ = ["Source", "cached_weights", "chat_template_placed", "hub_weights", "is_verified", "mirror_weights",
+           "safe_name"]

@@ -3,7 +3,9 @@ and the variant's chat template where the compose mounts it.
 
 Source: weights_source.url (a fleet mirror of MODEL_DIR over HTTP: <url>/<subdir>/SHA256SUMS
 lists the files) or, without one, the Hugging Face hub (the catalog's hf_repo; the token from the
-rig's hf_token SecretRef, read on the control machine and sent to the rig on stdin only).
+rig's hf_token SecretRef, read on the control machine and sent to the rig on stdin only). In a fleet
+with a download cache the other rigs take the weights the cache host holds from it instead
+(rigfleet.fleetcache), and their own source only for weights it does not hold.
 When the stamp says every file is verified and untouched (and the chat template is in place)
 the role adds no operation at all.
 """
@@ -17,7 +19,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.server import Which
 from pyinfra.operations import apt, files
 
-from rigfleet import catalog
+from rigfleet import catalog, fleetcache
 from rigfleet.context import RigContext
 from rigfleet.facts import cache
 from rigfleet.facts.weights import WeightsState
@@ -82,19 +84,31 @@ def model_weights(ctx: RigContext) -> None:
                      cache_time=3600)
     files.directory(name=f"Weights dir {dest}", path=dest, mode="0755")
 
-    if mirror:
+    # the token is checked here (a missing one fails this rig with the reason) but travels as a
+    # reference: pyinfra prints an op's _stdin with --debug-operations
+    error = read_secret(ctx, rig.hf_token)[1] if rig.hf_token and not mirror else None
+    token = hub_token_stdin(ctx, rig.hf_token) if rig.hf_token and not mirror and not error else None
+    revision = str(spec.get("revision") or "main")
+    source = weights.Source(mirror=mirror, repo=str(spec.get("hf_repo", "")), revision=revision,
+                            token_error=error)
+    if not mirror:
+        files.put(name="Hub fetch helper", src=str(weights.HUB_HELPER), dest=weights.HUB_HELPER_ON_RIG, mode="0755")
+    via = fleetcache.weights_from(ctx.fleet, rig)
+    if via is None and mirror:
         weights.mirror_weights(name=f"Weights {subdir} from {mirror}", dest=dest, url=mirror,
                                model_dir=rig.model_dir, subdir=subdir)
-    else:
-        # the token is checked here (a missing one fails this rig with the reason) but travels as a
-        # reference: pyinfra prints an op's _stdin with --debug-operations
-        error = read_secret(ctx, rig.hf_token)[1] if rig.hf_token else None
-        token = hub_token_stdin(ctx, rig.hf_token) if rig.hf_token and not error else None
-        revision = str(spec.get("revision") or "main")
-        files.put(name="Hub fetch helper", src=str(weights.HUB_HELPER), dest=weights.HUB_HELPER_ON_RIG, mode="0755")
+    elif via is None:
         weights.hub_weights(name=f"Weights {subdir} from the hub ({spec['hf_repo']})", dest=dest,
                             repo=spec["hf_repo"], revision=revision, model_dir=rig.model_dir, subdir=subdir,
                             token_error=error, _stdin=token or "\n")
+    served = fleetcache.of(ctx.fleet)
+    if served is not None and served.weights_url and (via is not None or served.rig == rig.name):
+        # One operation for the cache host and the rigs that fetch from it: pyinfra starts it on
+        # them all only after each has finished the one before, so the cache host's download
+        # above has ended (verified, or failed) before the others look for the weights there.
+        weights.cached_weights(name=f"Weights {subdir} through the fleet cache on {served.rig}", dest=dest,
+                               model_dir=rig.model_dir, subdir=subdir, cache_url=served.weights_url if via else None,
+                               cache_rig=served.rig, source=source, _stdin=token or "\n")
 
     if variant.chat_template:
         weights.chat_template_placed(

@@ -33,7 +33,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operations import run_ops
 from pyinfra.context import ctx_host, ctx_state
 
-from rigfleet import catalog, render
+from rigfleet import catalog, render, runner
 from rigfleet.context import RigContext
 from rigfleet.loader import Fleet
 from rigfleet.operations import image as image_ops
@@ -299,7 +299,7 @@ def weights_facts(stamp: dict[str, tuple[str, int, int]], disk: dict[str, tuple[
     state += [f"F {size} {mtime} ./{name}" for name, (size, mtime) in disk.items()]
     responses: dict[Any, Any] = dict(TOOLS)
     responses["stat -c 'F %s %Y %n'"] = state or {"stdout": []}
-    responses["curl -fsSL --max-time 60 http://mirror/weights/" + SUBDIR + "/SHA256SUMS"] = [
+    responses[f"--max-time 60 http://mirror/weights/{SUBDIR}/SHA256SUMS"] = [
         f"{sha}  {name}" for name, (sha, _) in FILES.items()]
     if template:
         responses[re.compile(r"chat-templates/froggeric\.jinja")] = [
@@ -395,6 +395,89 @@ def test_hub_token_missing_fails_that_rig_with_a_clear_message(monkeypatch: pyte
     assert "hub_fetch.py" not in hub.text
 
 
+# --- weights through the fleet cache, planned for two rigs in one run ----------------------------
+
+CACHE_URL = "http://10.0.0.2:3142/rigfleet-models/"
+
+
+def cached_fleet(**other: Any) -> Fleet:
+    """rig-01 (10.0.0.2) in the cache group, rig-02 not; both on the mirror, weights not there yet."""
+    ps = PinSet(**pinset_data())
+    rigs = tuple(Rig(**({"name": name, "ssh_hostname": address, "pinset": ps.name, "variant": VARIANT,
+                        "model_dir": "/srv/models", "weights_source": {"url": "http://mirror/weights/"}} | fields))
+                 for name, address, fields in (("rig-01", "10.0.0.2", {"groups": ("cache",)}),
+                                               ("rig-02", "10.0.0.3", other)))
+    return Fleet(Path("/nonexistent"), rigs, {ps.name: ps})
+
+
+def plan_fleet(fleet: Fleet, cache_holds: bool) -> tuple[State, dict[str, list[Step]], list[str]]:
+    """Both rigs in one state, planned as rigfleet.runner plans a fleet: each rig's steps, and the
+    order of the operation names pyinfra will run (an operation shared by both rigs appears once)."""
+    rig2 = weights_facts({}, {})
+    if cache_holds:
+        rig2[f"--max-time 60 {CACHE_URL}.rigfleet/{SUBDIR}.SHA256SUMS"] = [
+            f"{sha}  {name}" for name, (sha, _) in FILES.items()]
+    state, _ = fake_state(weights_facts({}, {}), rig2)
+
+    def both() -> None:
+        from pyinfra import host as current
+
+        chosen = fleet.rig(current.name.removeprefix("@fake/"))
+        model_weights(RigContext(fleet, chosen, fleet.pinsets[chosen.pinset], catalog.variants()[chosen.variant]))
+
+    runner._prepare_in_parallel(state, both)  # as the fleet commands plan (and `pyinfra deploy.py`)
+    steps: dict[str, list[Step]] = {}
+    for host in state.inventory:
+        steps[host.name.removeprefix("@fake/")] = []
+        for op_hash in state.get_op_order():
+            if op_hash not in state.ops[host]:
+                continue
+            data = state.get_op_data_for_host(host, op_hash)
+            with ctx_state.use(state), ctx_host.use(host):
+                commands = [_text(c) for c in data.command_generator()]
+            if commands:
+                name = next(iter(state.get_op_meta(op_hash).names))
+                steps[host.name.removeprefix("@fake/")].append(Step(name, commands))
+    order = [sorted(state.get_op_meta(op_hash).names)[0] for op_hash in state.get_op_order()]
+    return state, steps, order
+
+
+def test_the_other_rig_fetches_the_weights_the_cache_host_holds_from_it_after_its_download() -> None:
+    state, steps, order = plan_fleet(cached_fleet(), cache_holds=True)
+    mirror = order.index(f"model_weights | Weights {SUBDIR} from http://mirror/weights/")
+    through = order.index(f"model_weights | Weights {SUBDIR} through the fleet cache on rig-01")
+    # the shared operation waits for the cache host's download: pyinfra runs operations in this order
+    assert mirror < through
+    assert [s.name for s in steps["rig-01"]][-1].endswith("from http://mirror/weights/")  # the cache host itself
+    [fetch] = [s for s in steps["rig-02"] if "through the fleet cache" in s.name]
+    assert not any("from http://mirror" in s.name for s in steps["rig-02"])
+    assert f"fetch {CACHE_URL}{SUBDIR}/config.json" in fetch.text and "http://mirror" not in fetch.text
+    name = "model-00001-of-00002.safetensors"
+    assert f'if [ "$actual" != {FILES[name][0]} ]' in fetch.text  # verified against the cache host's manifest
+    assert "verification stamp" in fetch.commands[-1]
+
+
+def test_weights_the_cache_host_does_not_hold_come_from_the_rigs_own_source() -> None:
+    _, steps, _ = plan_fleet(cached_fleet(), cache_holds=False)
+    [fetch] = [s for s in steps["rig-02"] if "through the fleet cache" in s.name]
+    assert fetch.commands[0].startswith(f"# rigfleet: weights {SUBDIR}: not on the fleet cache")
+    assert "does not hold them verified" in fetch.commands[0]
+    assert f"fetch http://mirror/weights/{SUBDIR}/config.json" in fetch.text and CACHE_URL not in fetch.text
+
+
+@pytest.mark.parametrize("where", ["cache host", "other rig"])
+def test_cache_weights_false_keeps_the_rig_on_its_own_source(where: str) -> None:
+    fleet = cached_fleet(**({"cache_weights": False} if where == "other rig" else {}))
+    if where == "cache host":
+        rigs = (fleet.rigs[0].model_copy(update={"cache_weights": False}), fleet.rigs[1])
+        fleet = Fleet(fleet.inventory_dir, rigs, fleet.pinsets)
+    _, steps, order = plan_fleet(fleet, cache_holds=True)
+    assert not any("through the fleet cache" in s.name for s in steps["rig-02"])
+    assert any(s.name.endswith("from http://mirror/weights/") for s in steps["rig-02"])
+    if where == "cache host":  # its model directory is not served: nobody looks there
+        assert not any("through the fleet cache" in name for name in order)
+
+
 # --- harness 2: the real thing through @local, in a temp dir --------------------------------------
 
 
@@ -484,6 +567,34 @@ def test_weights_converge_for_real_then_noop(local_dirs: Path, http_mirror: tupl
     state, host = converge(model_weights, ctx)
     assert not state.failed_hosts
     assert len(state.get_op_order()) == 0  # verified: the role adds no operation at all
+
+
+@needs_tools
+def test_weights_from_the_fleet_cache_for_real(local_dirs: Path, http_mirror: tuple[str, Path]) -> None:
+    """The cache host's MODEL_DIR over HTTP (http.server standing in for apt-cacher-ng's LocalDirs,
+    /rigfleet-models/): the rig takes the files from there, verified against the cache host's
+    manifest; its own mirror does not answer, so nothing could have come from it."""
+    base, www = http_mirror
+    served = www / "rigfleet-models"
+    files = write_mirror(www)
+    served.mkdir()
+    (www / "weights" / SUBDIR).rename(served / SUBDIR)
+    (served / ".rigfleet").mkdir()
+    (served / SUBDIR / "SHA256SUMS").rename(served / ".rigfleet" / f"{SUBDIR}.SHA256SUMS")
+    port = int(base.rsplit(":", 1)[1])
+    fleet = cached_fleet(model_dir=str(local_dirs / "models"), weights_source={"url": "http://127.0.0.1:9/weights/"})
+    cache_host = fleet.rigs[0].model_copy(update={"ssh_hostname": "127.0.0.1", "cache_port": port})
+    fleet = Fleet(fleet.inventory_dir, (cache_host, fleet.rigs[1]), fleet.pinsets)
+    rig = fleet.rigs[1]
+    ctx = RigContext(fleet, rig, fleet.pinsets[rig.pinset], catalog.variants()[rig.variant])
+
+    state, host = converge(model_weights, ctx)
+    assert not state.failed_hosts
+    for name, data in files.items():
+        assert (local_dirs / "models" / SUBDIR / name).read_bytes() == data
+    assert len((local_dirs / "models" / ".rigfleet" / f"{SUBDIR}.verified").read_text().splitlines()) == len(files)
+    state, _ = converge(model_weights, ctx)
+    assert len(state.get_op_order()) == 0
 
 
 @needs_tools

@@ -4,7 +4,8 @@ goes through it, and the stand-in upstream's own byte counter (rigfleet_sandbox.
 host's apt proxy, its www server with the SIMULATED NVIDIA and Docker repositories) shows the 2nd
 rig pulling none of the package bytes the 1st already pulled. A second converge changes nothing;
 a cache that does not answer stops the 2nd rig's apt with the rig, the cache and the fix, and
-converging the cache host first repairs it.
+converging the cache host first repairs it. The weights, both rigs in one run: the cache host
+downloads them, the other rig takes them from its apt-cacher-ng (LocalDirs), none from upstream.
 
 Host layer only (tests/sandbox/host_layer_deploy.py): the packages are all there is to cache.
 /work/coord/e2e .venv/bin/pytest -q -p no:cacheprovider -m sandbox tests/sandbox/test_fleet_cache.py
@@ -32,6 +33,7 @@ SANDBOX_RIGS = 2
 SANDBOX_FRESH = True  # rigs nothing was deployed to: every package is downloaded once
 CACHE, OTHER = "rig-01", "rig-02"
 DEPLOY = "tests/sandbox/host_layer_deploy.py"
+WEIGHTS_DEPLOY = "tests/sandbox/weights_deploy.py"
 DEPLOY_TIMEOUT_S = 1800
 ACNG_PORT = 3142  # catalog/fleet_cache.yaml's port
 
@@ -48,17 +50,18 @@ def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return copy
 
 
-def pyinfra(inventory: Path, *limit: str) -> subprocess.CompletedProcess[str]:
+def pyinfra(inventory: Path, *limit: str, deploy_file: str = DEPLOY) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RIGFLEET_INVENTORY": str(inventory)}
     args = [a for rig in limit for a in ("--limit", rig)]
-    proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", *args, "inventory.py", DEPLOY],
+    proc = subprocess.run([str(Path(sys.executable).parent / "pyinfra"), "-y", "--json", *args, "inventory.py",
+                           deploy_file],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S)
     print(proc.stderr[-6000:])
     return proc
 
 
-def deploy(inventory: Path, *limit: str) -> dict[str, Any]:
-    proc = pyinfra(inventory, *limit)
+def deploy(inventory: Path, *limit: str, deploy_file: str = DEPLOY) -> dict[str, Any]:
+    proc = pyinfra(inventory, *limit, deploy_file=deploy_file)
     assert proc.returncode == 0, "the deploy failed (its log is above)"
     results = dict(json.loads(proc.stdout)["results"])
     assert results["failed_hosts"] == [] and results["totals"]["error"] == 0
@@ -127,3 +130,21 @@ def test_cache_down_stops_apt_with_the_fix_and_converging_the_cache_host_repairs
     assert changed(repaired), "curl reinstalled"
     assert sandbox.ssh(OTHER, "command -v curl").returncode == 0
     assert deploy(inventory)["totals"]["success"] == 0
+
+
+def test_weights_go_from_the_cache_host_to_the_other_rig(sandbox: Sandbox, inventory: Path) -> None:
+    since = upstreamlog.mark()
+    deploy(inventory, deploy_file=WEIGHTS_DEPLOY)  # both rigs in one run, neither has the weights yet
+    # the weights files (the chat templates beside them come from the rig's own source, as before)
+    records = [e for e in upstreamlog.records(since=since) if int(str(e["bytes"]))
+               and "/weights/" in str(e["url"]) and "/chat-templates/" not in str(e["url"])]
+    pulled = {rig: sorted(str(e["url"]) for e in records if e["client"] == sandbox.address(rig))
+              for rig in (CACHE, OTHER)}
+    print("weights files pulled from upstream:", pulled)
+    assert pulled[CACHE], "the cache host downloads the weights from their source"
+    assert pulled[OTHER] == [], "the other rig pulled weights from upstream instead of from the cache host"
+    listing = "cd /srv/models && cat .rigfleet/*.SHA256SUMS && find . -path ./.rigfleet -prune -o -type f -print0 " \
+              "| sort -z | xargs -0 sha256sum"
+    sums = {rig: sandbox.ssh(rig, listing).stdout for rig in (CACHE, OTHER)}
+    assert sums[OTHER].strip() and sums[OTHER] == sums[CACHE]
+    assert deploy(inventory, deploy_file=WEIGHTS_DEPLOY)["totals"]["success"] == 0

@@ -153,3 +153,40 @@ def test_cache_settings_on_a_rig_without_the_cache(example_inventory: Path) -> N
 def test_example_fleet_with_a_cache_passes(example_inventory: Path) -> None:
     with_cache(example_inventory, "rig-01")
     assert errors(example_inventory) == []
+
+
+def test_the_cache_serves_its_model_dir_to_the_other_rigs(example_inventory: Path) -> None:
+    with_cache(example_inventory, "rig-01")
+    fleet = load_fleet(example_inventory)
+    found = fleetcache.of(fleet)
+    assert found is not None and found.weights_url == "http://192.0.2.10:3142/rigfleet-models/"
+    model_dir = fleet.rig("rig-01").model_dir
+    # the package's own mapping kept: a later file's LocalDirs replaces the shipped one
+    assert f"LocalDirs: acng-doc /usr/share/doc/apt-cacher-ng ; rigfleet-models {model_dir}\n" in \
+        fleetcache.config_text(found)
+    assert fleetcache.weights_from(fleet, fleet.rig("rig-02")) == found
+    assert fleetcache.weights_from(fleet, fleet.rig("rig-01")) is None, "the cache host fetches from its source"
+
+
+def test_cache_weights_false(example_inventory: Path) -> None:
+    with_cache(example_inventory, "rig-01")
+    write_yaml(example_inventory / "host_vars" / "rig-02.yml", {"cache_weights": False})
+    fleet = load_fleet(example_inventory)
+    assert fleetcache.weights_from(fleet, fleet.rig("rig-02")) is None
+    assert fleetcache.weights_from(fleet, fleet.rig("rig-11")) is not None
+    write_yaml(example_inventory / "host_vars" / "rig-01.yml", {"cache_weights": False})
+    fleet = load_fleet(example_inventory)
+    found = fleetcache.of(fleet)
+    assert found is not None and found.weights_url is None
+    assert "LocalDirs: acng-doc /usr/share/doc/apt-cacher-ng\n" in fleetcache.config_text(found)
+    assert all(fleetcache.weights_from(fleet, rig) is None for rig in fleet.rigs)
+
+
+def test_a_served_model_dir_apt_cacher_ng_cannot_hold_exits_2(example_inventory: Path) -> None:
+    with_cache(example_inventory, "rig-01")
+    write_yaml(example_inventory / "host_vars" / "rig-01.yml", {"model_dir": "/srv/models;x"})
+    code, out = check_cli(example_inventory)
+    assert code == 2 and "Traceback" not in out
+    assert "rig-01" in out and "model_dir" in out and "/srv/models;x" in out and "cache_weights: false" in out
+    write_yaml(example_inventory / "host_vars" / "rig-01.yml", {"model_dir": "/srv/models;x", "cache_weights": False})
+    assert not [e for e in errors(example_inventory) if "model_dir" in e]
