@@ -68,8 +68,10 @@ class WeightsState(FactBase[dict[str, Any]]):
 
 
 class WeightsManifest(FactBase[dict[str, Any] | None]):
-    """The mirror's SHA256SUMS, read on the rig: {"files": {name: sha256}, "bad": [lines]} or None
-    when it cannot be read (no curl yet, mirror down); the operation turns None into a clear failure."""
+    """A SHA256SUMS read on the rig (a mirror's, or the fleet cache host's manifest copy):
+    {"files": {name: sha256}, "bad": [lines]} or None when it cannot be read (no curl yet, server
+    down). For a mirror the operation turns None into a clear failure; for the fleet cache it means
+    the cache host does not hold the weights, and the rig fetches from its own source."""
 
     def command(self, url: str) -> str:
         return (f"if command -v curl >/dev/null 2>&1; then "
