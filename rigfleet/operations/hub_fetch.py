@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs ON THE RIG (uploaded by rigfleet.operations.weights.hub_weights): fetch one Hugging Face
+"""Runs ON THE RIG (uploaded by rigfleet.operations.weights.source_weights): fetch one Hugging Face
 model repo into a flat dir, resumable and verified, with the Python standard library only.
 
 - The token is read from stdin (`--token-stdin`): never in argv, the environment or a file.

@@ -166,12 +166,20 @@ def _from_hub(dest: str, repo: str, revision: str, model_dir: str, subdir: str, 
 @dataclass(frozen=True)
 class Source:
     """Where a rig's weights come from without the fleet cache: a mirror of MODEL_DIR (url), or
-    else the hub (repo at revision; token_error: why the rig's token cannot be read, if so)."""
+    else the Hugging Face hub (repo at revision; token_error: why the rig's token cannot be read).
+
+    The hub is read by the stdlib helper (resume, progress, sha256 of LFS files against the hub's,
+    git blob SHA-1 for the small ones), which must be on the rig (HUB_HELPER_ON_RIG, uploaded by
+    the role); the token comes on stdin (the caller passes `_stdin`), never in argv, a file or a log."""
 
     mirror: str | None = None
     repo: str = ""
     revision: str = "main"
     token_error: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"from {self.mirror}" if self.mirror else f"from the hub ({self.repo})"
 
     def commands(self, dest: str, model_dir: str, subdir: str, state: dict[str, Any]) -> Commands:
         if self.mirror:
@@ -181,29 +189,23 @@ class Source:
             yield from _from_hub(dest, self.repo, self.revision, model_dir, subdir, self.token_error)
 
 
-@operation()
-def mirror_weights(dest: str, url: str, model_dir: str, subdir: str) -> Commands:
-    """Fetch the files listed in the mirror's SHA256SUMS into dest, resuming partial downloads,
-    verifying each before it gets its final name; then write the stamp."""
+def _unverified(dest: str, model_dir: str, subdir: str) -> dict[str, Any] | None:
+    """The weights' state on the rig, or None (said as a no-op) when every file is verified."""
     state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
     if is_verified(state):
         host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
-        return
-    yield from Source(mirror=url).commands(dest, model_dir, subdir, state)
+        return None
+    return state
 
 
 @operation()
-def hub_weights(dest: str, repo: str, revision: str, model_dir: str, subdir: str,
-                token_error: str | None = None) -> Commands:
-    """Fetch a repo from the Hugging Face hub with the stdlib helper (resume, progress, sha256 of
-    LFS files against the hub's, git blob SHA-1 for the small ones). The token comes on stdin
-    (the caller passes `_stdin`), never in argv, a file or a log. The helper must be on the rig
-    (HUB_HELPER_ON_RIG, uploaded by the role)."""
-    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
-    if is_verified(state):
-        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
-        return
-    yield from _from_hub(dest, repo, revision, model_dir, subdir, token_error)
+def source_weights(dest: str, model_dir: str, subdir: str, source: Source) -> Commands:
+    """Fetch the weights from their source into dest: a mirror's files as its SHA256SUMS lists
+    them (resuming partial downloads, each verified before it gets its final name), or the hub's;
+    then write the stamp."""
+    state = _unverified(dest, model_dir, subdir)
+    if state is not None:
+        yield from source.commands(dest, model_dir, subdir, state)
 
 
 @operation()
@@ -216,9 +218,8 @@ def cached_weights(dest: str, model_dir: str, subdir: str, cache_url: str | None
     if cache_url is None:
         host.noop(f"weights {subdir}: this rig serves them to the fleet ({cache_rig})")
         return
-    state = host.get_fact(WeightsState, dest=dest, stamp=stamp_path(model_dir, subdir))
-    if is_verified(state):
-        host.noop(f"weights {subdir}: {len(state['stamp'])} files verified")
+    state = _unverified(dest, model_dir, subdir)
+    if state is None:
         return
     manifest_url = f"{cache_url}{STATE_DIR}/{quote(subdir)}.{MANIFEST}"
     if host.get_fact(WeightsManifest, url=manifest_url) is None:
@@ -274,5 +275,4 @@ def chat_template_placed(model_dir: str, template: str, weights_dir: str, mirror
     yield script(f"{what} -> {dest}", f"{LOG_DIR}/weights-chat-templates.log", *lines)
 
 
-__all__ = ["Source", "cached_weights", "chat_template_placed", "hub_weights", "is_verified", "mirror_weights",
-           "safe_name"]
+__all__ = ["Source", "cached_weights", "chat_template_placed", "is_verified", "safe_name", "source_weights"]

@@ -94,13 +94,9 @@ def model_weights(ctx: RigContext) -> None:
     if not mirror:
         files.put(name="Hub fetch helper", src=str(weights.HUB_HELPER), dest=weights.HUB_HELPER_ON_RIG, mode="0755")
     via = fleetcache.weights_from(ctx.fleet, rig)
-    if via is None and mirror:
-        weights.mirror_weights(name=f"Weights {subdir} from {mirror}", dest=dest, url=mirror,
-                               model_dir=rig.model_dir, subdir=subdir)
-    elif via is None:
-        weights.hub_weights(name=f"Weights {subdir} from the hub ({spec['hf_repo']})", dest=dest,
-                            repo=spec["hf_repo"], revision=revision, model_dir=rig.model_dir, subdir=subdir,
-                            token_error=error, _stdin=token or "\n")
+    if via is None:
+        weights.source_weights(name=f"Weights {subdir} {source.label}", dest=dest, model_dir=rig.model_dir,
+                               subdir=subdir, source=source, _stdin=token or "\n")
     served = fleetcache.of(ctx.fleet)
     if served is not None and served.weights_url and (via is not None or served.rig == rig.name):
         # One operation for the cache host and the rigs that fetch from it: pyinfra starts it on
