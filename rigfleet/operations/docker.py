@@ -120,8 +120,71 @@ def smoke_key(image: str) -> str:
     )
 
 
-@cache.operation(reads=lambda stamp, **_: [cache.reading(NvidiaSmi), cache.reading(DebPackages),
-                                           cache.reading(FileContents, path=stamp)])
+def smoke_passed(image: str, stamp: str) -> bool:
+    """The smoke test passed with this image and the rig's current driver, toolkit and Docker."""
+    recorded = cache.fact(FileContents, path=stamp)
+    return bool(recorded) and recorded[0].strip() == smoke_key(image)
+
+
+def fleet_copy(image: str, registry: str) -> str | None:
+    """The name of `image`'s copy in the fleet registry: its path and tag under `registry`, its own
+    registry host left out (the reference grammar's rule: a first component with '.' or ':', or
+    `localhost`, is a host). None for an image pinned by digest (a pushed copy gets a manifest of
+    its own, which the digest would not match, so the copy could not be checked) and for one that
+    is in the fleet registry already."""
+    if "@" in image or image.startswith(f"{registry}/"):
+        return None
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        image = rest
+    return f"{registry}/{image}"
+
+
+SMOKE_READS = [cache.reading(NvidiaSmi), cache.reading(DebPackages)]
+
+
+@cache.operation(reads=lambda image, stamp, **_: [*SMOKE_READS, cache.reading(FileContents, path=stamp),
+                                                  cache.reading(DockerImagePresent, image=image)])
+def smoke_image_pulled(image: str, registry: str, stamp: str = SMOKE_STAMP):
+    """
+    Get the GPU smoke image through the fleet registry: its copy there when a rig put it there,
+    else from its own registry, and then pushed there, so the fleet downloads it once. A failed
+    push only warns (the other rigs then pull it from its own registry, as without a fleet one).
+
+    + image: the smoke image (`smoke_image`)
+    + registry: the fleet registry, HOST[:PORT]
+    + stamp: the smoke test's record: no pull while it vouches for this image
+    """
+    copy = fleet_copy(image, registry)
+    if copy is None:
+        host.noop(f"{image} is not copied through the fleet registry")
+        return
+    if smoke_passed(image, stamp):
+        host.noop(f"GPU smoke test passed before for {image}")
+        return
+    if cache.fact(DockerImagePresent, image=image):
+        host.noop(f"image {image} is on the rig")
+        return
+    q_image, q_copy = shlex.quote(image), shlex.quote(copy)
+
+    def say(text: str, err: bool = False) -> str:
+        return f"echo {shlex.quote(f'rigfleet: smoke image {image}: {text}')}" + (" >&2" if err else "")
+
+    last_line = '"$(printf \'%s\' "$out" | tail -n 1)"'
+    yield StringCommand("\n".join([
+        f"if out=$(docker pull {q_copy} 2>&1); then",
+        f"  docker tag {q_copy} {q_image} && {say(f'from the fleet registry ({copy})')}",
+        "else",
+        f"  {say('no copy from the fleet registry, pulling it from its own: ')}{last_line}",
+        f"  docker pull {q_image} || {{ {say(f'docker pull failed on {host.name} (above)', err=True)}; exit 1; }}",
+        f"  if out=$(docker tag {q_image} {q_copy} 2>&1 && docker push {q_copy} 2>&1); then",
+        f"    {say(f'pushed to the fleet registry ({copy})')}",
+        f"  else {say('push to the fleet registry failed, the other rigs pull it themselves: ')}{last_line} >&2; fi",
+        "fi",
+    ]))
+
+
+@cache.operation(reads=lambda stamp, **_: [*SMOKE_READS, cache.reading(FileContents, path=stamp)])
 def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
     """
     Run `docker run --rm --gpus all IMAGE nvidia-smi -L` and require `expected_gpus` GPUs.
@@ -135,8 +198,7 @@ def gpu_smoke(image: str, expected_gpus: int, stamp: str = SMOKE_STAMP):
     + stamp: where the last passing combination is recorded
     """
     key = smoke_key(image)
-    recorded = cache.fact(FileContents, path=stamp)
-    if recorded and recorded[0].strip() == key:
+    if smoke_passed(image, stamp):
         host.noop(f"GPU smoke test passed before for {key}")
         return
     q_image, q_stamp = shlex.quote(image), shlex.quote(stamp)

@@ -35,6 +35,15 @@ def toolkit_repo(rig: Rig) -> AptRepo:
     return AptRepo(**catalog.repos()["toolkit"])
 
 
+def first_of_registry(context: RigContext) -> str:
+    """The rig that puts the smoke image into the fleet registry: the first in the inventory of
+    those with this rig's registry and smoke image (in one run of several fresh rigs it pulls the
+    image alone; the others then take its copy)."""
+    rig = context.rig
+    return next(r.name for r in context.fleet.rigs
+                if (r.registry, r.smoke_image) == (rig.registry, rig.smoke_image))
+
+
 def nvidia_registered() -> bool:
     return "nvidia" in (cache.fact(DockerRuntimes) or [])
 
@@ -81,4 +90,15 @@ def container_toolkit(context: RigContext) -> None:
                 name="Smoke image from the rig's own root filesystem", tag=LOCAL_SMOKE_IMAGE
             )
             image = LOCAL_SMOKE_IMAGE
+        elif rig.registry and docker_ops.fleet_copy(image, rig.registry):
+            if first_of_registry(context) == rig.name:
+                # this rig's copy is in the fleet registry before the others' shared operation
+                # below starts (pyinfra runs it on them all once this one has ended everywhere)
+                docker_ops.smoke_image_pulled(
+                    name=f"Smoke image {image} into the fleet registry (the first of its rigs)",
+                    image=image, registry=rig.registry,
+                )
+            docker_ops.smoke_image_pulled(
+                name=f"Smoke image {image} through the fleet registry", image=image, registry=rig.registry
+            )
         docker_ops.gpu_smoke(name="GPU smoke container", image=image, expected_gpus=rig.gpu_count)

@@ -11,14 +11,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rigfleet.context import RigContext
 from rigfleet.facts.nvidia import NvidiaSmiState
 from rigfleet.facts.system import PlatformInfo, SecureBootState
+from rigfleet.loader import Fleet
+from rigfleet.operations.docker import fleet_copy
+from rigfleet.rigstate import SMOKE_STAMP
 from rigfleet.schema import DriverPin, PackagePin
 from tests.plan import scenarios
-from tests.plan.fakerig import DISTROS, PLATFORMS, Plan, context_for, gpus_3090, plan, with_pins
+from tests.plan.fakerig import DISTROS, PLATFORMS, FakeRig, Plan, context_for, gpus_3090, plan, with_pins
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "host-layer"
 UPDATE = os.environ.get("RIGFLEET_UPDATE_GOLDEN") == "1"
@@ -373,7 +378,6 @@ def test_not_enough_disk() -> None:
 
 
 def test_dkms_without_any_kernel_headers_refused() -> None:
-    from tests.plan.fakerig import FakeRig
 
     def no_headers(self: FakeRig, meta: str) -> object:
         from rigfleet.facts.system import HeadersState
@@ -478,3 +482,79 @@ def test_initramfs_rebuilt_after_the_driver_only_when_still_stale(distro: str) -
     assert driver < commands.index("update-initramfs -u") < reboot
     assert ("upload", NOUVEAU) in stale.events
     assert initramfs_step(plan(context, scenarios.fresh(distro))) == []
+
+
+# --- the GPU smoke image through the fleet registry ------------------------------------------
+
+FLEET_REGISTRY = "10.0.0.5:5000"
+CUDA = "nvidia/cuda:13.0.2-base-ubuntu22.04"
+
+
+def smoke_pulls(result: Plan) -> list[str]:
+    return [c for c in result.commands if c.startswith("if out=$(docker pull ")]
+
+
+def smoke_due(context: RigContext, distro: str, **changes: Any) -> FakeRig:
+    """Converged but for the smoke test (a driver update, or a fresh rig at that point): it runs again."""
+    rig = scenarios.converged(context, distro, **changes)
+    return rig.with_(files={p: c for p, c in rig.files.items() if p != SMOKE_STAMP})
+
+
+def in_fleet(context: RigContext, before: str, **fields: Any) -> RigContext:
+    """The same rig in a fleet whose inventory lists the rig `before` first (alike but for its name
+    and `fields`)."""
+    others = (context.rig.model_copy(update={"name": before, "ssh_hostname": "192.0.2.20", **fields}),)
+    fleet = Fleet(context.fleet.inventory_dir, (*others, context.rig), context.fleet.pinsets)
+    return RigContext(fleet, context.rig, context.pinset, context.variant)
+
+
+def test_smoke_image_copy_names() -> None:
+    assert fleet_copy(CUDA, FLEET_REGISTRY) == f"{FLEET_REGISTRY}/{CUDA}"
+    assert fleet_copy("nvcr.io/nvidia/cuda:13.0.2-base-ubuntu22.04", FLEET_REGISTRY) == f"{FLEET_REGISTRY}/{CUDA}"
+    assert fleet_copy("mirror:5000/nvidia/cuda", FLEET_REGISTRY) == f"{FLEET_REGISTRY}/nvidia/cuda"
+    assert fleet_copy("localhost/smoke:1", FLEET_REGISTRY) == f"{FLEET_REGISTRY}/smoke:1"
+    assert fleet_copy("ubuntu:24.04", FLEET_REGISTRY) == f"{FLEET_REGISTRY}/ubuntu:24.04"
+    assert fleet_copy(f"{FLEET_REGISTRY}/nvidia/cuda:13", FLEET_REGISTRY) is None  # it is the copy
+    assert fleet_copy(f"{CUDA}@sha256:{'a' * 64}", FLEET_REGISTRY) is None  # a copy could not be checked
+
+
+@pytest.mark.parametrize("distro", ["ubuntu-24.04", "debian-13"])
+def test_smoke_image_through_the_fleet_registry(distro: str) -> None:
+    context = context_for(distro, registry=FLEET_REGISTRY, registry_insecure=True)
+    assert plan(context, scenarios.converged(context, distro)).events == []  # converged: no pull, no push
+    result = plan(context, smoke_due(context, distro))
+    pulls = smoke_pulls(result)
+    assert pulls, "the smoke image was not fetched through the fleet registry"
+    script = pulls[0]
+    copy = f"{FLEET_REGISTRY}/{CUDA}"
+    # the registry's copy first; only without it the image's own registry, and then a push for the others
+    assert script.index(f"docker pull {copy}") < script.index(f"docker pull {CUDA}") < script.index(
+        f"docker push {copy}")
+    smoke = next(i for i, c in enumerate(result.commands) if "docker run --rm --gpus all" in c)
+    assert result.commands.index(script) < smoke
+    assert f"docker run --rm --gpus all {CUDA} " in result.commands[smoke]
+
+
+def test_smoke_image_first_rig_of_the_registry_goes_first() -> None:
+    """In one run of several fresh rigs, the first in the inventory pulls the image in an operation
+    of its own, which ends before the others' shared one starts; the others do not have it."""
+    context = context_for("debian-13", registry=FLEET_REGISTRY, registry_insecure=True)
+    first = plan(context, smoke_due(context, "debian-13"))
+    other = in_fleet(context, "rig-00")
+    second = plan(other, smoke_due(other, "debian-13"))
+    assert len(smoke_pulls(first)) == 2 and len(smoke_pulls(second)) == 1
+    for fields in ({"registry": "10.0.0.6:5000"}, {"smoke_image": "nvidia/cuda:12.9.1-base-ubuntu22.04"}):
+        # rig-00 uses another registry or image: rig-01 is still the first of its own
+        alone = in_fleet(context, "rig-00", **fields)
+        assert len(smoke_pulls(plan(alone, smoke_due(alone, "debian-13")))) == 2, fields
+
+
+def test_smoke_image_no_pull_when_on_the_rig_pinned_by_digest_or_without_registry() -> None:
+    context = context_for("debian-13", registry=FLEET_REGISTRY, registry_insecure=True)
+    present = smoke_due(context, "debian-13", images={CUDA})
+    result = plan(context, present)
+    assert smoke_pulls(result) == [] and any("docker run --rm --gpus all" in c for c in result.commands)
+    pinned = f"{CUDA}@sha256:{'b' * 64}"
+    for fields in ({"smoke_image": pinned}, {"registry": None}):
+        context = context_for("debian-13", **{"registry": FLEET_REGISTRY, "registry_insecure": True, **fields})
+        assert smoke_pulls(plan(context, smoke_due(context, "debian-13"))) == [], fields
