@@ -1,11 +1,13 @@
 """The bench's `cache` section: what each rig of a fresh fleet pulls from upstream.
 
 Two fresh SIMULATED rigs, rig-01 in the `cache` group (apt-cacher-ng, rigfleet.fleetcache), the
-fleet registry as the sandbox configures it, and pin sets whose image build downloads wheels
-(with_wheels). rig-01 converges alone, then rig-02; the stand-in upstream's byte counter
-(rigfleet_sandbox.upstreamlog) gives the bytes each converge pulled, by kind: packages (.deb),
-apt indexes, Python index (wheels and index pages), base images, other (weights, overlays,
-Genesis, keys). Bytes the cache host fetched on rig-02's behalf count for rig-02's converge.
+fleet registry as the sandbox configures it, pin sets whose image build downloads wheels
+(with_wheels) and the GPU smoke image from the stand-in upstream registry
+(with_upstream_smoke_image). rig-01 converges alone, then rig-02; the stand-in upstream's byte
+counter (rigfleet_sandbox.upstreamlog) gives the bytes each converge pulled, by kind: packages
+(.deb), apt indexes, Python index (wheels and index pages), images (base image archives, the smoke
+image), other (weights, overlays, Genesis, keys). Bytes the cache host fetched on rig-02's behalf
+count for rig-02's converge.
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ def with_wheels(fleet: Fleet) -> Fleet:
     return Fleet(fleet.inventory_dir, fleet.rigs, pinsets, fleet.sources, fleet.pyinfra_data)
 
 
+def with_upstream_smoke_image(fleet: Fleet) -> Fleet:
+    """Every rig's GPU smoke image from the sandbox's stand-in upstream registry (a SIMULATED image,
+    counted as `image`), not the sandbox's `local` one: it then goes through the fleet registry."""
+    from rigfleet_sandbox import upstream_registry
+
+    smoke = upstream_registry.seed_image()
+    rigs = tuple(r.model_copy(update={"smoke_image": smoke}) for r in fleet.rigs)
+    return Fleet(fleet.inventory_dir, rigs, fleet.pinsets, fleet.sources, fleet.pyinfra_data)
+
+
 def run(sandbox_up: Callable[[int], Fleet], converge_timed: Callable[..., tuple[float, Any]],
         timer_factory: Callable[[], Any], metric: Callable[..., Any], say: Callable[[str], None],
         repeats: int) -> dict[str, dict[str, int]]:
@@ -55,7 +67,7 @@ def run(sandbox_up: Callable[[int], Fleet], converge_timed: Callable[..., tuple[
     last: dict[str, dict[str, int]] = {}
     for attempt in range(repeats):
         say(f"fleet cache: two fresh rigs, rig-01 the cache, converged one after the other ({attempt + 1}/{repeats})")
-        fleet = with_wheels(with_cache_group(sandbox_up(2), "rig-01"))
+        fleet = with_upstream_smoke_image(with_wheels(with_cache_group(sandbox_up(2), "rig-01")))
         addresses = [rig.ssh_hostname for rig in fleet.rigs]
         pulled: dict[str, dict[str, int]] = {}
         for rig in ("rig-01", "rig-02"):

@@ -50,6 +50,10 @@ WWW_PORT = 8080
 HOST_URL = f"http://{SERVICE_ADDR}:{WWW_PORT}/"  # the host's web server, as rigs reach it
 REGISTRY_PORT = 5000
 REGISTRY_DIR = STATE_DIR / "registry"
+# The stand-in upstream registry (a Docker Hub / nvcr.io of the sandbox: rigfleet_sandbox.
+# upstream_registry): TLS, counted in the upstream log, on the same address as the fleet registry.
+UPSTREAM_REGISTRY_PORT = 5443
+UPSTREAM_REGISTRY_DIR = STATE_DIR / "registry-upstream"
 
 OPERATOR = "rigop"
 DISTROS = ("trixie", "bookworm")

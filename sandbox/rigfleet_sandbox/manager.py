@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rigfleet_sandbox import invfiles, net, procs, rootfs, upstreamlog
+from rigfleet_sandbox import invfiles, net, procs, rootfs, upstream_registry, upstreamlog
 from rigfleet_sandbox.layout import (
     APT_CACHE_DIR,
     APT_PROXY_PORT,
@@ -39,6 +39,7 @@ from rigfleet_sandbox.layout import (
     SSH_DIR,
     STATE_DIR,
     STATE_FILE,
+    UPSTREAM_REGISTRY_PORT,
     WWW_DIR,
     WWW_PORT,
     RigSpec,
@@ -49,6 +50,8 @@ from rigfleet_sandbox.shell import Log, SandboxError, ensure_host_tools, run
 from rigfleet_sandbox.supervisor import read_state
 
 BOOT_TIMEOUT_S = 120.0
+# the sandbox's host-side processes that `down` asks to stop (SIGTERM) before clearing the rest
+_HOST_SERVICES = ("supervisor", "services", "registry", "upstream-registry")
 POWEROFF_TIMEOUT_S = 30.0
 NSPAWN_RUN_DIRS = (Path("/run/systemd/nspawn/propagate"), Path("/run/systemd/nspawn/unix-export"))
 
@@ -294,6 +297,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             d.mkdir(parents=True, exist_ok=True)
         key = _client_key()
         authorized = key.with_suffix(".pub").read_text()
+        upstream_registry.ensure_tls(log)
 
         net.setup_service_address()
         for spec in specs:
@@ -323,12 +327,10 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
             ["--addr", SERVICE_ADDR, "--port", str(REGISTRY_PORT), "--storage", str(REGISTRY_DIR / "data")],
             LOG_DIR / "registry.log",
         )
+        _spawn("rigfleet_sandbox.registry", upstream_registry.registry_args(), LOG_DIR / "registry-upstream.log")
 
         started = time.monotonic()
-        infos = [
-            RigInfo(s.name, s.address, s.netns, str(s.root), rootfs.install_rig_root(tarball, s, authorized))
-            for s in specs
-        ]
+        infos = [_install_rig(tarball, s, authorized) for s in specs]
         unpack = time.monotonic() - started
         log(f"unpacked {len(specs)} rig root(s) from {tarball.name} in {unpack:.1f}s")
         inv = inventory_dir()
@@ -344,7 +346,7 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         _save(info)
         for spec in specs:
             _spawn("rigfleet_sandbox.supervisor", [spec.name], LOG_DIR / f"{spec.name}.log")
-        for port in (APT_PROXY_PORT, WWW_PORT, REGISTRY_PORT):
+        for port in (APT_PROXY_PORT, WWW_PORT, REGISTRY_PORT, UPSTREAM_REGISTRY_PORT):
             if _wait_port(SERVICE_ADDR, port, 15.0) is None:
                 raise SandboxError(f"sandbox services did not listen on {SERVICE_ADDR}:{port}; see {LOG_DIR}")
         for spec, rig in zip(specs, infos, strict=True):
@@ -367,6 +369,13 @@ def up(rigs: int = 1, distro: str = "trixie", log: Log = _echo) -> SandboxInfo:
         _save(info)
         log(f"sandbox up in {time.monotonic() - began:.0f}s: {len(infos)} simulated rig(s), inventory {inv}")
         return info
+
+
+def _install_rig(tarball: Path, spec: RigSpec, authorized: str) -> RigInfo:
+    """A fresh root for the rig, its Docker trusting the stand-in upstream registry before any deploy."""
+    host_key = rootfs.install_rig_root(tarball, spec, authorized)
+    upstream_registry.trust(spec.root)
+    return RigInfo(spec.name, spec.address, spec.netns, str(spec.root), host_key)
 
 
 def _save(info: SandboxInfo) -> None:
@@ -408,7 +417,7 @@ def down(log: Log = _echo, timeout: float = POWEROFF_TIMEOUT_S) -> dict[str, lis
     """
     _require_root_linux()
     with _exclusive():
-        running = [p for p in procs.sandbox_processes() if p.what in ("supervisor", "services", "registry")]
+        running = [p for p in procs.sandbox_processes() if p.what in _HOST_SERVICES]
         for p in running:
             os.kill(p.pid, signal.SIGTERM)  # supervisors power their rig off in order
         deadline = time.monotonic() + timeout

@@ -23,7 +23,7 @@ SANDBOX_MODULES = ("rigfleet_sandbox.supervisor", "rigfleet_sandbox.services", "
 class Proc:
     pid: int
     ppid: int
-    what: str  # supervisor | services | registry | nspawn | in-rig
+    what: str  # supervisor | services | registry | upstream-registry | nspawn | in-rig
     cmd: str
 
 
@@ -88,7 +88,12 @@ def _instance_of(pid: int) -> int:
 def _classify(pid: int, argv: list[str], rigs_fs: tuple[str, str] | None) -> str | None:
     for i, arg in enumerate(argv[:-1]):
         if arg == "-m" and argv[i + 1] in SANDBOX_MODULES:
-            return argv[i + 1].rsplit(".", 1)[1] if _instance_of(pid) == INSTANCE else None
+            if _instance_of(pid) != INSTANCE:
+                return None
+            what = argv[i + 1].rsplit(".", 1)[1]
+            # the stand-in upstream registry runs the fleet registry's wrapper: told apart, so that
+            # the fleet registry alone can be stopped (a fleet registry outage)
+            return "upstream-registry" if what == "registry" and "--upstream-log" in argv else what
     if argv and argv[0].endswith("systemd-nspawn"):
         for i, arg in enumerate(argv[:-1]):
             if arg == "-D" and argv[i + 1].startswith(str(RIGS_DIR) + "/"):
@@ -126,7 +131,7 @@ def sandbox_processes() -> list[Proc]:
 
 def kill_all(procs: list[Proc], wait_s: float = 10.0) -> list[Proc]:
     """SIGKILL each process by pid (supervisors first, so none restarts a rig); return survivors."""
-    order = {"supervisor": 0, "services": 1, "registry": 1, "nspawn": 2, "in-rig": 3}
+    order = {"supervisor": 0, "services": 1, "registry": 1, "upstream-registry": 1, "nspawn": 2, "in-rig": 3}
     for proc in sorted(procs, key=lambda p: order[p.what]):
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)

@@ -53,7 +53,7 @@ def tarball_path(distro: str) -> Path:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -65,7 +65,7 @@ def ensure_tarball(distro: str, log: Log) -> Path:
     if distro not in DISTROS:
         raise SandboxError(f"unsupported distro {distro!r}; choose one of {', '.join(DISTROS)}")
     target = tarball_path(distro)
-    with _locked(CACHE_DIR / f".rootfs-{distro}.lock"):
+    with locked(CACHE_DIR / f".rootfs-{distro}.lock"):
         if target.exists():
             log(f"reusing cached {distro} root {target}")
             return target

@@ -41,7 +41,8 @@ HOST_TOOLS = {
     "ssh-keygen": "openssh-client",
     "nsenter": "util-linux",
     "gzip": "gzip",
-    "docker-registry": "docker-registry",  # the fleet registry (rigfleet_sandbox.registry)
+    "docker-registry": "docker-registry",  # the fleet and the upstream registry (rigfleet_sandbox.registry)
+    "openssl": "openssl",  # the upstream registry's TLS (rigfleet_sandbox.upstream_registry)
     "tmux": "tmux",  # a real terminal for `status --watch` (tests/sandbox/test_report.py)
 }
 

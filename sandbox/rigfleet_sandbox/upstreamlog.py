@@ -1,10 +1,12 @@
-"""The byte counter of the sandbox's stand-in upstream (rigfleet_sandbox.services).
+"""The byte counter of the sandbox's stand-in upstream (rigfleet_sandbox.services, .registry).
 
 Every response the host services send (the apt proxy's relayed and cached files, its CONNECT
 tunnels to the Python index, the www server's files: the SIMULATED vendor repositories, base
-images, overlays, weights) appends one JSON line to logs/upstream.jsonl: which server, the client
-address, the URL, the status and the body bytes sent. Rigs have no other way out, so the sum of a
-rig's lines is what that rig pulled from "upstream". The tests and the bench read it back here.
+images, overlays, weights; the stand-in upstream container registry's manifests and layers, see
+rigfleet_sandbox.upstream_registry) appends one JSON line to logs/upstream.jsonl: which server,
+the client address, the URL, the status and the body bytes sent. The fleet registry is not
+upstream and is not counted. Rigs have no other way out, so the sum of a rig's lines is what
+that rig pulled from "upstream". The tests and the bench read it back here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from urllib.parse import unquote
 from rigfleet_sandbox.layout import LOG_DIR
 
 LOG = LOG_DIR / "upstream.jsonl"
+REGISTRY_SERVER = "registry-upstream"  # the server name of the stand-in upstream registry's lines
 _lock = threading.Lock()
 
 
@@ -61,8 +64,11 @@ def records(path: Path = LOG, since: Mark | None = None) -> list[dict[str, objec
 def kind(record: dict[str, object]) -> str:
     """package (.deb), index (apt's other files), python (the CONNECT tunnel to the Python index:
     wheels and index pages, TLS, not told apart; and the host's own PEP 503 index, www/simple/),
-    image (base image tarballs), other (weights, overlays, the Genesis git repo, keys)."""
+    image (base image tarballs; all the stand-in upstream container registry sent), other (weights,
+    overlays, the Genesis git repo, keys)."""
     url = str(record["url"]).split("?", 1)[0]
+    if record["server"] == REGISTRY_SERVER:
+        return "image"  # manifests, configs and layers alike: all of a `docker pull`
     if record["server"] == "tunnel" or "/simple/" in url:
         return "python"
     if url.endswith(".deb"):

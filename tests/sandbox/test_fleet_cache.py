@@ -6,6 +6,9 @@ rig pulling none of the package bytes the 1st already pulled. A second converge 
 a cache that does not answer stops the 2nd rig's apt with the rig, the cache and the fix, and
 converging the cache host first repairs it. The weights, both rigs in one run: the cache host
 downloads them, the other rig takes them from its apt-cacher-ng (LocalDirs), none from upstream.
+The GPU smoke image comes from the sandbox's stand-in upstream registry (a SIMULATED image, TLS,
+counted as upstream bytes): the 1st rig pulls it and pushes the fleet registry's copy, the 2nd
+pulls the copy; a new image for both rigs in one run is pulled from upstream once.
 
 Host layer only (tests/sandbox/host_layer_deploy.py): the packages are all there is to cache.
 /work/coord/e2e .venv/bin/pytest -q -p no:cacheprovider -m sandbox tests/sandbox/test_fleet_cache.py
@@ -18,13 +21,16 @@ import os
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from rigfleet_sandbox import upstreamlog
+from rigfleet_sandbox import upstream_registry, upstreamlog
+from rigfleet_sandbox.layout import REGISTRY_PORT, SERVICE_ADDR
 from tests import REPO_ROOT
 
 from .conftest import Sandbox, group_pinset, module_inventory
@@ -36,6 +42,9 @@ DEPLOY = "tests/sandbox/host_layer_deploy.py"
 WEIGHTS_DEPLOY = "tests/sandbox/weights_deploy.py"
 DEPLOY_TIMEOUT_S = 1800
 ACNG_PORT = 3142  # catalog/fleet_cache.yaml's port
+# SIMULATED stand-ins of rigfleet's default smoke image and of another tag, in the stand-in upstream registry
+SMOKE_REPOSITORY = upstream_registry.DEFAULT_REPOSITORY
+SMOKE_TAGS = (upstream_registry.DEFAULT_TAG, "13.0.2-runtime-ubuntu22.04")
 
 pytestmark = pytest.mark.sandbox
 seen: dict[str, Any] = {}
@@ -43,7 +52,9 @@ seen: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    copy = module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)])
+    smoke = upstream_registry.seed_image(SMOKE_REPOSITORY, SMOKE_TAGS[0])
+    copy = module_inventory(sandbox, tmp_path_factory, pinsets=[group_pinset(sandbox)],
+                            group={"smoke_image": smoke})
     hosts = yaml.safe_load((copy / "hosts.yml").read_text())
     hosts["all"]["children"]["cache"] = {"hosts": {CACHE: None}}
     (copy / "hosts.yml").write_text(yaml.safe_dump(hosts, sort_keys=False))
@@ -72,6 +83,22 @@ def changed(results: dict[str, Any]) -> list[str]:
     return [" / ".join(o["names"]) for o in results["operations"] if o.get("success")]
 
 
+def fleet_registry_tags(repository: str) -> list[str]:
+    """The tags of `repository` in the sandbox's fleet registry (plain HTTP, not upstream)."""
+    url = f"http://{SERVICE_ADDR}:{REGISTRY_PORT}/v2/{repository}/tags/list"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 (the sandbox's own address)
+            return list(json.load(answer).get("tags") or [])
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return []
+        raise
+
+
+def smoke_stamp(rig: str, sandbox: Sandbox) -> str:
+    return sandbox.ssh(rig, "sudo cat /var/lib/rigfleet/gpu-smoke").stdout
+
+
 def test_first_rig_fills_the_cache(sandbox: Sandbox, inventory: Path) -> None:
     since = upstreamlog.mark()
     deploy(inventory, CACHE)
@@ -85,6 +112,10 @@ def test_first_rig_fills_the_cache(sandbox: Sandbox, inventory: Path) -> None:
     conf = sandbox.ssh(CACHE, "cat /etc/apt/apt.conf.d/99rigfleet-lock-timeout").stdout
     assert f'Acquire::http::Proxy "http://{sandbox.address(CACHE)}:{ACNG_PORT}";' in conf
     assert "DIRECT" not in conf, "the fleet's own http repositories go through the cache too"
+    # the GPU smoke image: from its own (stand-in upstream) registry, its copy pushed to the fleet's
+    assert pulled["image"] > 0, "rig 1 did not pull the smoke image from its upstream registry"
+    assert SMOKE_TAGS[0] in fleet_registry_tags(SMOKE_REPOSITORY)
+    assert f"image={upstream_registry.ref(SMOKE_REPOSITORY, SMOKE_TAGS[0])} " in smoke_stamp(CACHE, sandbox)
 
 
 def test_second_rig_pulls_none_of_the_package_bytes_the_first_pulled(sandbox: Sandbox, inventory: Path) -> None:
@@ -99,6 +130,9 @@ def test_second_rig_pulls_none_of_the_package_bytes_the_first_pulled(sandbox: Sa
     assert again == set(), "packages the first rig pulled were pulled from upstream again"
     own = upstreamlog.pulled(entries, [sandbox.address(OTHER)])
     assert own["package"] == own["index"] == 0, f"rig 2's apt reached upstream itself, not through the cache: {own}"
+    # its smoke image is the fleet registry's copy: no image byte from upstream, and the test passed
+    assert pulled["image"] == 0, f"the smoke image was pulled from upstream again: {pulled}"
+    assert f"image={upstream_registry.ref(SMOKE_REPOSITORY, SMOKE_TAGS[0])} " in smoke_stamp(OTHER, sandbox)
     conf = sandbox.ssh(OTHER, "cat /etc/apt/apt.conf.d/99rigfleet-lock-timeout").stdout
     assert f'Acquire::http::Proxy "http://{sandbox.address(CACHE)}:{ACNG_PORT}";' in conf and "Pre-Invoke" in conf
     installed = sandbox.ssh(OTHER, "dpkg-query -W -f '${Package}\\n'").stdout.split()
@@ -108,6 +142,23 @@ def test_second_rig_pulls_none_of_the_package_bytes_the_first_pulled(sandbox: Sa
 def test_second_converge_changes_nothing(inventory: Path) -> None:
     results = deploy(inventory)
     assert results["totals"]["success"] == 0, f"changed on converged rigs: {changed(results)}"
+
+
+def test_new_smoke_image_for_both_rigs_in_one_run_is_pulled_from_upstream_once(
+        sandbox: Sandbox, inventory: Path) -> None:
+    smoke = upstream_registry.seed_image(SMOKE_REPOSITORY, SMOKE_TAGS[1])
+    path = inventory / "group_vars" / "all.yml"  # the module's own inventory: the later tests keep it
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "smoke_image": smoke}))
+    since = upstreamlog.mark()
+    results = deploy(inventory)  # both rigs: the smoke test is due on each (a new image)
+    entries = upstreamlog.records(since=since)
+    pulled = {rig: upstreamlog.pulled(entries, [sandbox.address(rig)])["image"] for rig in (CACHE, OTHER)}
+    print("smoke image bytes pulled from upstream:", pulled, "changed:", changed(results))
+    assert pulled[CACHE] > 0 and pulled[OTHER] == 0, pulled
+    assert SMOKE_TAGS[1] in fleet_registry_tags(SMOKE_REPOSITORY)
+    for rig in (CACHE, OTHER):
+        assert f"image={smoke} " in smoke_stamp(rig, sandbox)
+    assert deploy(inventory)["totals"]["success"] == 0
 
 
 def test_cache_down_stops_apt_with_the_fix_and_converging_the_cache_host_repairs(
