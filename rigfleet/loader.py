@@ -1,8 +1,10 @@
 """Load an Ansible-style inventory directory into a validated Fleet.
 
 Layout: hosts.yml, group_vars/<group>.yml (or group_vars/<group>/*.yml), host_vars/<rig>.yml,
-pinsets.yml. Precedence as in Ansible: all < parent group < child group < host; within one
-level, vars inline in hosts.yml lose to the group_vars/host_vars files.
+pinsets.yml. Precedence exactly as ansible-core's (tests/unit/test_precedence_ansible.py compares
+with `ansible-inventory`), lowest first: inline group vars in hosts.yml (all, then parent before
+child, then by name), group_vars files (all.yml, then the same group order), the host's inline vars
+in hosts.yml, host_vars/<rig>.yml, and last pyinfra's --data.
 
 pyinfra-ansible-inventory-connector was evaluated and not used: it drags in ansible-core (GPL,
 ~40 MB), needs `@ansible/path` instead of `inventory.py`, knows nothing of pin sets, and its
@@ -165,47 +167,97 @@ def _kind(value: Any) -> str:
 
 @dataclass
 class _Tree:
-    """Groups and hosts from hosts.yml, with inline vars and each group's depth."""
+    """Groups and hosts from hosts.yml, in file order: inline vars, the parent -> child edges, and the
+    groups each host is listed under directly."""
 
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)
-    depth: dict[str, int] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=dict)
     host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    direct: dict[str, list[str]] = field(default_factory=dict)
+    depth: dict[str, int] = field(default_factory=dict)
     host_groups: dict[str, list[str]] = field(default_factory=dict)
 
+    def ancestors(self, group: str) -> set[str]:
+        parents = {p for p, kids in self.children.items() if group in kids}
+        seen: set[str] = set()
+        while parents:
+            seen |= parents
+            parents = {p for p, kids in self.children.items() if set(kids) & parents} - seen
+        return seen
 
-def _walk(name: str, body: Any, depth: int, tree: _Tree, path: Path, chain: tuple[str, ...]) -> None:
+    def finish(self) -> None:
+        """Depth is the longest path from `all` (as Ansible computes it: a group nested deeper anywhere
+        is deeper everywhere), and a host is in every ancestor of a group it is listed in, wherever
+        that group gained the parent."""
+        self.depth = {"all": 0}
+        frontier = ["all"]
+        while frontier:  # a DAG (cycles are refused while walking): relax edges until nothing grows
+            nxt = []
+            for parent in frontier:
+                for child in self.children.get(parent, []):
+                    if self.depth.get(child, -1) < self.depth[parent] + 1:
+                        self.depth[child] = self.depth[parent] + 1
+                        nxt.append(child)
+            frontier = nxt
+        for host, groups in self.direct.items():
+            members = set(groups).union(*(self.ancestors(g) for g in groups)) | {"all"}
+            self.host_groups[host] = sorted(members, key=lambda g: (self.depth[g], g))
+
+
+def _walk(name: str, body: Any, tree: _Tree, path: Path) -> None:
+    """One group's body, its keys in file order (Ansible's YAML inventory reads them so: a host listed
+    twice keeps the inline vars read last)."""
     body = _mapping(body, path, what=f"group '{name}'")
     unknown = set(body) - {"hosts", "children", "vars"}
     if unknown:
         key = sorted(unknown)[0]
         raise InputError([Problem(FLEET, f"{name}.{key}", key, "unknown key in a group of hosts.yml",
                                   "a group holds only hosts:, children: and vars:", str(path))])
-    tree.groups.setdefault(name, {}).update(_mapping(body.get("vars"), path, what=f"{name}.vars"))
-    tree.depth[name] = max(tree.depth.get(name, 0), depth)
-    for host, inline in _mapping(body.get("hosts"), path, what=f"{name}.hosts").items():
-        tree.host_vars.setdefault(host, {}).update(_mapping(inline, path, host, f"host '{host}'"))
-        for group in (*chain, name):
-            if group not in tree.host_groups.setdefault(host, []):
-                tree.host_groups[host].append(group)
-    for child, child_body in _mapping(body.get("children"), path, what=f"{name}.children").items():
-        if child in RESERVED_GROUPS:
-            raise InputError([Problem(FLEET, "hosts.yml group", child, "a reserved name in pyinfra's inventory",
-                                      "rename the group", str(path))])
-        if child in chain:
-            raise InputError([Problem(FLEET, f"{name}.children", child, "groups nest in a cycle",
-                                      "remove the cycle", str(path))])
-        _walk(child, child_body, depth + 1, tree, path, (*chain, name))
+    tree.groups.setdefault(name, {})
+    for key in body:
+        if key == "vars":
+            tree.groups[name].update(_mapping(body["vars"], path, what=f"{name}.vars"))
+        elif key == "hosts":
+            for host, inline in _mapping(body["hosts"], path, what=f"{name}.hosts").items():
+                tree.host_vars.setdefault(host, {}).update(_mapping(inline, path, host, f"host '{host}'"))
+                if name not in tree.direct.setdefault(host, []):
+                    tree.direct[host].append(name)
+        else:
+            for child, child_body in _mapping(body["children"], path, what=f"{name}.children").items():
+                if child in RESERVED_GROUPS:
+                    raise InputError([Problem(FLEET, "hosts.yml group", child,
+                                              "a reserved name in pyinfra's inventory", "rename the group",
+                                              str(path))])
+                _walk(child, child_body, tree, path)
+                if child == name or child in tree.ancestors(name):
+                    raise InputError([Problem(FLEET, f"{name}.children", child, "groups nest in a cycle",
+                                              "remove the cycle", str(path))])
+                if child not in tree.children.setdefault(name, []):
+                    tree.children[name].append(child)
 
 
 def _vars_file(directory: Path, name: str) -> list[Path]:
-    """group_vars/NAME.yml, NAME.yaml, or every file in a NAME/ directory."""
-    found = [directory / f"{name}{ext}" for ext in (".yml", ".yaml", "") if (directory / f"{name}{ext}").is_file()]
-    if len(found) > 1:  # merged silently before: which one wins is not something to guess
+    """group_vars/NAME.yml, NAME.yaml, NAME, or every file in a NAME/ directory (as Ansible reads
+    it: sorted, into subdirectories, .yml, .yaml, .json or no extension; hidden and ~ files skipped)."""
+    found = [directory / f"{name}{ext}" for ext in ("", ".yml", ".yaml") if (directory / f"{name}{ext}").exists()]
+    if len(found) > 1:  # Ansible reads the first and ignores the rest: which one counts is not for a guess
         raise InputError([Problem(name if directory.name == "host_vars" else FLEET, directory.name,
                                   ", ".join(p.name for p in found), "more than one vars file for the same name",
                                   "merge them into one .yml file", str(directory))])
-    if (directory / name).is_dir():
-        found += sorted(p for p in (directory / name).iterdir() if p.suffix in (".yml", ".yaml"))
+    if found and found[0].is_dir():
+        return _vars_dir(found[0])
+    return found
+
+
+def _vars_dir(directory: Path) -> list[Path]:
+    found: list[Path] = []
+    for entry in sorted(directory.iterdir(), key=lambda p: p.name):
+        if entry.name.startswith(".") or entry.name.endswith("~"):
+            continue
+        if entry.is_dir() and not entry.suffix:
+            found += _vars_dir(entry)
+        elif entry.is_file() and entry.suffix in ("", ".yml", ".yaml", ".json"):
+            found.append(entry)
     return found
 
 
@@ -231,7 +283,8 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
         raise InputError([Problem(FLEET, "hosts.yml", sorted(top), "the top level must be the single key `all`",
                                   "nest groups under all: children:", str(hosts_file))])
     tree = _Tree()
-    _walk("all", top["all"], 0, tree, hosts_file, ())
+    _walk("all", top["all"], tree, hosts_file)
+    tree.finish()
     _refuse_clashing_names(tree, hosts_file)
     if not tree.host_groups:
         raise InputError([Problem(FLEET, "hosts", None, "the inventory has no rigs",
@@ -251,11 +304,15 @@ def load_fleet(inventory_dir: Path, overrides: dict[str, Any] | None = None) -> 
     all_sources: dict[str, dict[str, str]] = {}
     all_pyinfra: dict[str, dict[str, Any]] = {}
     for host in sorted(tree.host_groups):
-        groups = sorted(tree.host_groups[host], key=lambda g: (tree.depth[g], g))
+        groups = tree.host_groups[host]  # all first, then by depth, then by name
         merged: dict[str, Any] = {}
         sources: dict[str, str] = {}
+        # Ansible's order (ansible-core's VariableManager, default precedence): every group's inline
+        # vars from hosts.yml, then every group_vars file (all.yml first), then the host's inline
+        # vars, then its host_vars file. An inline group var loses even to group_vars/all.yml.
         for group in groups:
             _layer(merged, sources, tree.groups.get(group, {}), f"{hosts_file} (group {group})")
+        for group in groups:
             for key, (value, origin) in group_files.get(group, {}).items():
                 _layer(merged, sources, {key: value}, origin)
         _layer(merged, sources, tree.host_vars.get(host, {}), f"{hosts_file} (host {host})")
